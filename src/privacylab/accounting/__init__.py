@@ -1,0 +1,54 @@
+"""Privacy accounting: events (what happened) and accountants (who bounds it).
+
+numpy/scipy only; imports nothing else of privacylab.
+"""
+
+from privacylab.accounting._validate import PrivacyParameterError
+from privacylab.accounting.base import Accountant, Guarantee
+from privacylab.accounting.calibration import (
+    calibrate_noise_multiplier,
+    make_accountant,
+    max_steps,
+    steps_from_epochs,
+)
+from privacylab.accounting.composition import (
+    AdvancedCompositionAccountant,
+    NaiveCompositionAccountant,
+)
+from privacylab.accounting.events import (
+    Composed,
+    Event,
+    Gaussian,
+    Laplace,
+    PoissonSampled,
+    RandomizedResponse,
+    SelfComposed,
+    dp_sgd,
+)
+from privacylab.accounting.gdp import GdpAccountant
+from privacylab.accounting.pld import PldAccountant, PrivacyLossDistribution
+from privacylab.accounting.rdp import RdpAccountant
+
+__all__ = [
+    "Accountant",
+    "AdvancedCompositionAccountant",
+    "Composed",
+    "Event",
+    "GdpAccountant",
+    "Gaussian",
+    "Guarantee",
+    "Laplace",
+    "NaiveCompositionAccountant",
+    "PldAccountant",
+    "PoissonSampled",
+    "PrivacyLossDistribution",
+    "PrivacyParameterError",
+    "RandomizedResponse",
+    "RdpAccountant",
+    "SelfComposed",
+    "calibrate_noise_multiplier",
+    "dp_sgd",
+    "make_accountant",
+    "max_steps",
+    "steps_from_epochs",
+]

@@ -1,0 +1,134 @@
+"""Noise calibration for DP-SGD: the smallest σ for a target (ε, δ), the most steps for a σ.
+
+Both search with an accountant's ε as a black box and always round to the safe side: the σ
+returned meets the target ε, and so does the number of steps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from scipy.optimize import brentq
+
+from privacylab.accounting import _validate as check
+from privacylab.accounting.base import Accountant
+from privacylab.accounting.composition import (
+    AdvancedCompositionAccountant,
+    NaiveCompositionAccountant,
+)
+from privacylab.accounting.events import dp_sgd
+from privacylab.accounting.gdp import GdpAccountant
+from privacylab.accounting.pld import PldAccountant
+from privacylab.accounting.rdp import RdpAccountant
+
+ACCOUNTANTS: dict[str, Callable[[], Accountant]] = {
+    "rdp": lambda: RdpAccountant(conversion="tight"),
+    "rdp-classic": lambda: RdpAccountant(conversion="classic"),
+    "pld": PldAccountant,
+    "gdp": GdpAccountant,
+    "naive": NaiveCompositionAccountant,
+    "advanced": AdvancedCompositionAccountant,
+}
+
+
+def make_accountant(name: str) -> Accountant:
+    """A fresh accountant by name: rdp, rdp-classic, pld, gdp, naive or advanced."""
+    try:
+        return ACCOUNTANTS[str(name).lower()]()
+    except KeyError:
+        raise check.PrivacyParameterError(
+            f"unknown accountant {name!r}; choose one of {', '.join(ACCOUNTANTS)}"
+        ) from None
+
+
+def steps_from_epochs(epochs: float, sample_rate: float) -> int:
+    """Number of steps in `epochs` passes with Poisson rate q: ceil(epochs / q)."""
+    e = check.positive("epochs", epochs)
+    q = check.sample_rate(sample_rate)
+    return max(1, math.ceil(e / q - 1e-9))
+
+
+def dp_sgd_epsilon(
+    noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str = "rdp"
+) -> float:
+    """ε of DP-SGD (Abadi et al. 2016, Alg. 1, Poisson sampling) by the named accountant."""
+    acc = make_accountant(accountant)
+    acc.compose(dp_sgd(noise_multiplier, sample_rate, steps))
+    return acc.epsilon(delta)
+
+
+def calibrate_noise_multiplier(
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    steps: int,
+    accountant: str = "rdp",
+    rtol: float = 1e-4,
+) -> float:
+    """Smallest noise multiplier σ (to relative tolerance `rtol`, rounded up) such that DP-SGD
+    with rate q for `steps` steps is (target ε, δ)-DP under the named accountant.
+
+    Brent's method on log σ ↦ log ε(σ) − log ε_target, which is smooth and decreasing; the σ
+    returned is checked to meet the target.
+    """
+    target = check.positive("target epsilon", target_epsilon)
+    d = check.delta(delta)
+    q = check.sample_rate(sample_rate)
+    t = check.count(steps, "steps")
+    make_accountant(accountant)
+
+    def gap(log_sigma: float) -> float:
+        eps = dp_sgd_epsilon(math.exp(log_sigma), q, t, d, accountant)
+        return math.log(max(eps, 1e-300)) - math.log(target)
+
+    lo, hi = math.log(0.05), math.log(1.0)
+    while gap(hi) > 0:
+        lo, hi = hi, hi + math.log(4.0)
+        if hi > math.log(1e6):
+            raise check.PrivacyParameterError(
+                f"no noise multiplier up to 1e6 reaches epsilon {target:g} at delta {d:g}"
+            )
+    while gap(lo) <= 0:
+        lo -= math.log(4.0)
+        if lo < math.log(1e-4):
+            return math.exp(lo)
+    root = brentq(gap, lo, hi, xtol=rtol / 4, rtol=1e-12)
+    sigma = math.exp(root)
+    while gap(math.log(sigma)) > 0:
+        sigma *= 1.0 + rtol
+    return sigma
+
+
+def max_steps(
+    noise_multiplier: float,
+    sample_rate: float,
+    target_epsilon: float,
+    delta: float,
+    accountant: str = "rdp",
+    limit: int = 10**9,
+) -> int:
+    """Largest number of DP-SGD steps that stays (target ε, δ)-DP; 0 if even one step does not.
+
+    Exponential then binary search over the step count (ε grows with the steps).
+    """
+    sigma = check.positive("noise multiplier", noise_multiplier)
+    q = check.sample_rate(sample_rate)
+    target = check.positive("target epsilon", target_epsilon)
+    d = check.delta(delta)
+    make_accountant(accountant)
+
+    def fits(steps: int) -> bool:
+        return dp_sgd_epsilon(sigma, q, steps, d, accountant) <= target
+
+    if not fits(1):
+        return 0
+    good, bad = 1, 2
+    while fits(bad):
+        good, bad = bad, bad * 2
+        if bad > limit:
+            return limit
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid) else (good, mid)
+    return good

@@ -1,0 +1,470 @@
+"""The `privacylab` command line: one typer app whose sub-commands mirror the packages.
+
+Only `account` exists so far. Every command prints its result on stdout (one JSON object with
+`--json`), progress and notes on stderr, and answers bad input with exit code 2 and exactly one
+`error: ...` line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from typer.core import TyperGroup
+
+from privacylab import __version__
+from privacylab.accounting import (
+    Accountant,
+    Guarantee,
+    PrivacyParameterError,
+    calibrate_noise_multiplier,
+    dp_sgd,
+    make_accountant,
+    max_steps,
+    steps_from_epochs,
+)
+from privacylab.accounting import _validate as check
+
+try:  # typer >= 0.20 ships its own copy of click
+    from typer._click import exceptions as _click_errors
+except ImportError:  # pragma: no cover - older typer on top of click
+    from click import exceptions as _click_errors  # type: ignore[no-redef]
+
+ACCOUNTANTS = ("rdp", "rdp-classic", "pld", "gdp")
+"""Accountants the `account` commands accept."""
+
+DEFAULT_ACCOUNTANT = "pld"
+
+CURVE_ACCOUNTANTS = ("rdp", "pld", "gdp", "advanced")
+"""Curves drawn by `account curve` (Abadi et al. 2016, Figure 2, plus PLD and GDP)."""
+
+CURVE_LABELS = {
+    "rdp": "RDP / moments accountant (upper bound)",
+    "pld": "PLD (upper bound)",
+    "gdp": "GDP / CLT (approximation, may under-state ε)",
+    "advanced": "advanced composition (upper bound)",
+}
+
+BAD_INPUT = 2
+
+
+class _OneLineErrors(TyperGroup):
+    """Top-level group that reports usage errors as one `error: ...` line on stderr (exit 2)
+    instead of click's multi-line usage block."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            rv = super().main(
+                args=args,
+                prog_name=prog_name,
+                complete_var=complete_var,
+                standalone_mode=False,
+                windows_expand_args=windows_expand_args,
+                **extra,
+            )
+        except _click_errors.ClickException as e:
+            if not standalone_mode:
+                raise
+            if type(e).__name__ == "NoArgsIsHelpError":
+                e.show()
+                sys.exit(e.exit_code)
+            _fail(e.format_message(), e.exit_code)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        if standalone_mode:
+            sys.exit(rv if isinstance(rv, int) else 0)
+        return rv
+
+
+app = typer.Typer(
+    name="privacylab",
+    cls=_OneLineErrors,
+    help="Train, attack, audit, defend and report on the privacy of ML models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+account_app = typer.Typer(
+    help="Privacy accounting for DP-SGD: ε for a run, the noise for a target ε, the step budget.",
+    no_args_is_help=True,
+)
+app.add_typer(account_app, name="account")
+
+
+def _fail(message: str, code: int = BAD_INPUT) -> NoReturn:
+    """Print one `error: ...` line on stderr and exit with `code`."""
+    line = " ".join(str(message).split())
+    typer.echo(f"error: {line}", err=True)
+    sys.exit(code)
+
+
+def _guarded(fn: Callable[[], None]) -> None:
+    """Run a command body, turning bad input (PrivacyParameterError, ValueError, unwritable
+    files) into one stderr line and exit code 2."""
+    try:
+        fn()
+    except (PrivacyParameterError, ValueError, OverflowError) as e:
+        _fail(str(e))
+    except OSError as e:
+        _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
+
+
+def _stderr() -> Console:
+    return Console(stderr=True)
+
+
+def _emit_json(payload: dict[str, Any]) -> None:
+    """Print one JSON object on stdout; non-finite floats become null (JSON has no inf)."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        return value
+
+    typer.echo(json.dumps(clean(payload), allow_nan=False))
+
+
+def _accountant_name(name: str, allowed: Sequence[str] = ACCOUNTANTS) -> str:
+    if name not in allowed:
+        raise PrivacyParameterError(
+            f"unknown accountant {name!r}; choose one of {', '.join(allowed)}"
+        )
+    return name
+
+
+def _resolve_steps(steps: int | None, epochs: float | None, sample_rate: float) -> int:
+    """Steps from exactly one of `--steps` / `--epochs` (steps = ⌈epochs / q⌉)."""
+    if (steps is None) == (epochs is None):
+        raise PrivacyParameterError("give exactly one of --steps or --epochs")
+    if steps is not None:
+        return check.count(steps, "steps")
+    return steps_from_epochs(check.positive("epochs", epochs), sample_rate)
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.{digits}g}" if math.isfinite(x) else str(x)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"privacylab {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """Train, attack, audit, defend and report on the privacy of ML models."""
+
+
+NoiseOpt = Annotated[
+    float, typer.Option("--noise-multiplier", help="σ: noise std / clipping norm (> 0).")
+]
+SampleRateOpt = Annotated[
+    float, typer.Option("--sample-rate", help="q: Poisson sampling rate per step, in (0, 1].")
+]
+DeltaOpt = Annotated[float, typer.Option("--delta", help="δ, in (0, 1).")]
+StepsOpt = Annotated[
+    int | None, typer.Option("--steps", help="Number of steps T (or give --epochs).")
+]
+EpochsOpt = Annotated[
+    float | None, typer.Option("--epochs", help="Epochs E; steps = ⌈E / q⌉ (or give --steps).")
+]
+AccountantOpt = Annotated[
+    str,
+    typer.Option(
+        "--accountant",
+        help="rdp (tight Balle et al. 2020 conversion), rdp-classic "
+        "(ε = RDP + log(1/δ)/(α−1)), pld (default: tightest certified upper bound) "
+        "or gdp (CLT approximation, may under-state ε).",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
+
+@account_app.command("epsilon")
+def epsilon_command(
+    noise_multiplier: NoiseOpt,
+    sample_rate: SampleRateOpt,
+    delta: DeltaOpt,
+    steps: StepsOpt = None,
+    epochs: EpochsOpt = None,
+    accountant: AccountantOpt = DEFAULT_ACCOUNTANT,
+    json_output: JsonOpt = False,
+) -> None:
+    """ε of DP-SGD with Poisson sampling (Abadi et al. 2016, Algorithm 1) at δ."""
+
+    def run() -> None:
+        name = _accountant_name(accountant)
+        sigma = check.positive("noise multiplier", noise_multiplier)
+        q = check.sample_rate(sample_rate)
+        d = check.delta(delta)
+        t = _resolve_steps(steps, epochs, q)
+        g = make_accountant(name).compose(dp_sgd(sigma, q, t)).guarantee(d)
+        if json_output:
+            _emit_json(
+                {
+                    "epsilon": float(g.epsilon),
+                    "delta": d,
+                    "accountant": g.accountant,
+                    "order": None if g.order is None else float(g.order),
+                    "noise_multiplier": sigma,
+                    "sample_rate": q,
+                    "steps": t,
+                    "note": g.note,
+                }
+            )
+            return
+        _print_guarantee(g, sigma, q, t)
+
+    _guarded(run)
+
+
+def _print_guarantee(g: Guarantee, sigma: float, q: float, steps: int) -> None:
+    order = f", Rényi order {g.order:g}" if g.order is not None else ""
+    typer.echo(
+        f"ε = {_fmt(g.epsilon)} at δ = {g.delta:g}  [{g.accountant}{order}]  "
+        f"σ = {sigma:g}, q = {q:g}, {steps} steps ({steps * q:.4g} epochs)"
+    )
+    if g.note:
+        typer.echo(f"note: {g.note}")
+
+
+@account_app.command("noise")
+def noise_command(
+    epsilon: Annotated[float, typer.Option("--epsilon", help="Target ε (> 0).")],
+    delta: DeltaOpt,
+    sample_rate: SampleRateOpt,
+    steps: StepsOpt = None,
+    epochs: EpochsOpt = None,
+    accountant: AccountantOpt = DEFAULT_ACCOUNTANT,
+    json_output: JsonOpt = False,
+) -> None:
+    """Smallest noise multiplier σ whose DP-SGD run meets the target (ε, δ)."""
+
+    def run() -> None:
+        name = _accountant_name(accountant)
+        eps = check.positive("epsilon", epsilon)
+        q = check.sample_rate(sample_rate)
+        d = check.delta(delta)
+        t = _resolve_steps(steps, epochs, q)
+        with _stderr().status(f"calibrating σ with {name}..."):
+            sigma = calibrate_noise_multiplier(eps, d, q, t, accountant=name)
+        if json_output:
+            _emit_json(
+                {
+                    "noise_multiplier": float(sigma),
+                    "epsilon": eps,
+                    "delta": d,
+                    "accountant": name,
+                    "sample_rate": q,
+                    "steps": t,
+                }
+            )
+            return
+        typer.echo(
+            f"σ = {float(sigma):.6g} gives ε ≤ {eps:g} at δ = {d:g}  [{name}]  "
+            f"q = {q:g}, {t} steps ({t * q:.4g} epochs)"
+        )
+
+    _guarded(run)
+
+
+@account_app.command("steps")
+def steps_command(
+    noise_multiplier: NoiseOpt,
+    sample_rate: SampleRateOpt,
+    epsilon: Annotated[float, typer.Option("--epsilon", help="Privacy budget ε (> 0).")],
+    delta: DeltaOpt,
+    accountant: AccountantOpt = DEFAULT_ACCOUNTANT,
+    json_output: JsonOpt = False,
+) -> None:
+    """Largest number of DP-SGD steps that stays within (ε, δ) at noise multiplier σ."""
+
+    def run() -> None:
+        name = _accountant_name(accountant)
+        sigma = check.positive("noise multiplier", noise_multiplier)
+        q = check.sample_rate(sample_rate)
+        eps = check.positive("epsilon", epsilon)
+        d = check.delta(delta)
+        with _stderr().status(f"searching the step budget with {name}..."):
+            t = int(max_steps(sigma, q, eps, d, accountant=name))
+        if json_output:
+            _emit_json(
+                {
+                    "steps": t,
+                    "epochs": t * q,
+                    "noise_multiplier": sigma,
+                    "sample_rate": q,
+                    "epsilon": eps,
+                    "delta": d,
+                    "accountant": name,
+                }
+            )
+            return
+        if t < 1:
+            typer.echo(f"not even one step fits in ε = {eps:g} at δ = {d:g}  [{name}]")
+        else:
+            typer.echo(
+                f"at most {t} steps ({t * q:.4g} epochs) for ε ≤ {eps:g} at δ = {d:g}  "
+                f"[{name}]  σ = {sigma:g}, q = {q:g}"
+            )
+
+    _guarded(run)
+
+
+def _curve(
+    name: str, sigma: float, q: float, steps: list[int], d: float, tick: Callable[[], None]
+) -> list[float]:
+    """ε at each step count for one accountant. RDP adds up, so one RDP accountant is extended
+    step block by step block (its per-step RDP is computed once); the others start afresh."""
+    values: list[float] = []
+    if name == "rdp":
+        acc: Accountant = make_accountant(name)
+        done = 0
+        for t in steps:
+            if t > done:
+                acc.compose(dp_sgd(sigma, q, t - done))
+                done = t
+            values.append(float(acc.epsilon(d)))
+            tick()
+        return values
+    for t in steps:
+        values.append(float(make_accountant(name).compose(dp_sgd(sigma, q, t)).epsilon(d)))
+        tick()
+    return values
+
+
+def _plot(
+    path: Path,
+    epochs: list[float],
+    curves: dict[str, list[float]],
+    sigma: float,
+    q: float,
+    d: float,
+) -> None:
+    """ε against epochs on linear axes, one labelled line per accountant (Abadi et al. Fig. 2)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    styles = {"advanced": "--", "gdp": ":", "rdp": "-", "pld": "-"}
+    for name, values in curves.items():
+        ax.plot(epochs, values, styles.get(name, "-"), label=CURVE_LABELS.get(name, name))
+    ax.set_xlabel("epoch E")
+    ax.set_ylabel("ε")
+    ax.set_xlim(0, max(epochs))
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"ε vs epochs: q = {q:g}, σ = {sigma:g}, δ = {d:g}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    finally:
+        plt.close(fig)
+
+
+@account_app.command("curve")
+def curve_command(
+    noise_multiplier: NoiseOpt,
+    sample_rate: SampleRateOpt,
+    delta: DeltaOpt,
+    epochs: Annotated[float, typer.Option("--epochs", help="Last epoch on the x axis (> 0).")],
+    points: Annotated[
+        int, typer.Option("--points", help="Number of epochs evaluated (evenly spaced).")
+    ] = 20,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write the figure to this PNG file.")
+    ] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """ε against epochs for RDP, PLD, GDP and advanced composition (Abadi et al. 2016, Fig. 2)."""
+
+    def run() -> None:
+        sigma = check.positive("noise multiplier", noise_multiplier)
+        q = check.sample_rate(sample_rate)
+        d = check.delta(delta)
+        last = check.positive("epochs", epochs)
+        n = check.count(points, "points")
+        if plot is not None and not plot.resolve().parent.is_dir():
+            raise PrivacyParameterError(f"cannot write plot: no directory {plot.parent}")
+        grid = [last * (i + 1) / n for i in range(n)]
+        steps = [steps_from_epochs(e, q) for e in grid]
+        curves: dict[str, list[float]] = {}
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            console=_stderr(),
+            transient=True,
+        ) as progress:
+            for name in CURVE_ACCOUNTANTS:
+                task = progress.add_task(f"ε with {name}", total=n)
+                curves[name] = _curve(
+                    name, sigma, q, steps, d, lambda task=task: progress.advance(task)
+                )
+        if plot is not None:
+            _plot(plot, grid, curves, sigma, q, d)
+        if json_output:
+            _emit_json(
+                {
+                    "epochs": grid,
+                    "steps": steps,
+                    "curves": curves,
+                    "delta": d,
+                    "noise_multiplier": sigma,
+                    "sample_rate": q,
+                    "plot": None if plot is None else str(plot),
+                }
+            )
+            return
+        table = Table(title=f"ε at δ = {d:g}, σ = {sigma:g}, q = {q:g}")
+        table.add_column("epochs", justify="right")
+        table.add_column("steps", justify="right")
+        for name in CURVE_ACCOUNTANTS:
+            table.add_column(name, justify="right")
+        for i, e in enumerate(grid):
+            table.add_row(
+                f"{e:.4g}", str(steps[i]), *(_fmt(curves[k][i]) for k in CURVE_ACCOUNTANTS)
+            )
+        Console(highlight=False, markup=False).print(table)
+        typer.echo(f"note: gdp is {CURVE_LABELS['gdp']}")
+        if plot is not None:
+            _stderr().print(f"wrote {plot}")
+
+    _guarded(run)
