@@ -17,6 +17,7 @@ composition, the slack δ'') to minimise ε at the requested total δ.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,15 +63,20 @@ class _Leaf:
 def _gaussian_eps(delta0: float, sigma: float) -> float:
     if delta0 >= 1.0:
         return 0.0
-    return float(gaussian_epsilon(max(delta0, np.finfo(float).tiny), 1.0 / sigma))
+    if delta0 <= 0.0:
+        return math.inf
+    return float(gaussian_epsilon(delta0, 1.0 / sigma))
 
 
 def amplify_by_subsampling(epsilon: float, sample_rate: float) -> float:
     """ε' = log(1 + q(e^ε − 1)) of an ε-DP step run on a Poisson subsample with rate q.
 
     Balle, Barthe & Gaboardi 2018, "Privacy amplification by subsampling", Theorem 8 (add/remove
-    adjacency); Li, Qardaji & Su 2012. The δ of the step becomes q δ.
+    adjacency); Li, Qardaji & Su 2012. The δ of the step becomes q δ. ε may be inf.
     """
+    sample_rate = check.sample_rate(sample_rate)
+    if math.isnan(epsilon) or epsilon < 0.0:
+        raise check.PrivacyParameterError(f"epsilon must be >= 0, got {epsilon!r}")
     if epsilon > 700.0:
         return (
             epsilon
@@ -112,8 +118,9 @@ class _CompositionAccountant(Accountant):
     def _pure_epsilons(self) -> list[tuple[float, int]]:
         return [(leaf.epsilon(0.0), leaf.count) for leaf in self._leaves()]
 
+    @abstractmethod
     def _epsilon_at(self, delta: float) -> float:
-        raise NotImplementedError
+        """ε certified at total δ for a non-empty composition."""
 
     def guarantee(self, delta: float) -> Guarantee:
         """The smallest ε this composition theorem certifies at total `delta`."""
@@ -184,6 +191,7 @@ def advanced_composition_epsilon(
     naive = float(np.dot(counts, epsilons))
     if delta_slack <= 0.0:
         return naive
+    delta_slack = min(delta_slack, 1.0)
     drift = float(np.dot(counts, epsilons * np.tanh(epsilons / 2.0)))
     energy = float(np.dot(counts, epsilons * epsilons))
     if not math.isfinite(energy):

@@ -163,9 +163,10 @@ class GdpAccountant(Accountant):
     * Gaussian(σ) is exactly (1/σ)-GDP, and μ's compose as √(Σ μ_i²) (Dong, Roth & Su 2019,
       Corollary 3.3): for plain Gaussian steps the reported (ε, δ) is exact.
     * T steps of PoissonSampled(q, Gaussian(σ)) are approximated by μ = q √(T (e^{1/σ²} − 1)),
-      the central limit theorem of Bu, Dong, Long & Su 2019 (Theorem 6; Dong, Roth & Su 2019,
-      Corollary 5.4). This is an asymptotic approximation, not a certified upper bound: it can
-      under-state ε when T·q or σ is small. q = 1 uses the exact μ = 1/σ.
+      the Poisson-subsampling central limit theorem of Bu, Dong, Long & Su 2019, "Deep learning
+      with Gaussian differential privacy" (the uniform-subsampling analogue is Dong, Roth & Su
+      2019, Corollary 5.4). This is an asymptotic approximation, not a certified upper bound: it
+      can under-state ε when T·q or σ is small. q = 1 uses the exact μ = 1/σ.
     """
 
     name = "gdp"

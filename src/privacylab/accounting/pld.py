@@ -40,8 +40,9 @@ from privacylab.accounting.events import (
     RandomizedResponse,
 )
 
-DEFAULT_TAIL_MASS = 1e-30
-"""Probability left out of a grid on each side; it is always charged to δ (never dropped)."""
+DEFAULT_TAIL_MASS = 1e-15
+"""Total probability an accountant leaves out of its grids; it is charged to δ (never dropped),
+so every δ it reports is at least this. Ask for a smaller one to certify δ below ~1e-12."""
 
 MAX_GRID_POINTS = 50_000_000
 
@@ -159,14 +160,12 @@ def _single_step_pld(event: Event, step: float, remove: bool, tail: float) -> Pr
     pair, q = _pair_of(event)
     t_lo, t_hi = pair.t_range(tail)
     ends = sorted([_loss_of_t(t_lo, q, remove), _loss_of_t(t_hi, q, remove)])
-    j_lo, j_hi = math.floor(ends[0] / step), math.ceil(ends[1] / step)
+    j_lo, j_hi = math.floor(ends[0] / step) - 1, math.ceil(ends[1] / step) + 1
     if j_hi - j_lo + 1 > MAX_GRID_POINTS:
         raise check.PrivacyParameterError(
             f"the privacy-loss grid would need {j_hi - j_lo + 1:,} points; "
             "use a larger discretisation interval"
         )
-    if j_hi == j_lo:
-        j_hi += 1
     grid = np.arange(j_lo, j_hi + 1) * step
     if remove:
         mass_a, mass_b = pair.masses(_t_of_loss(grid, q))
@@ -365,8 +364,10 @@ class PldAccountant(Accountant):
             if value_discretization_interval is None
             else check.positive("discretization interval", value_discretization_interval)
         )
-        if not (0.0 < float(tail_mass) < 1e-6):
-            raise check.PrivacyParameterError(f"tail mass must be in (0, 1e-6), got {tail_mass!r}")
+        if not (1e-100 <= float(tail_mass) <= 1e-6):
+            raise check.PrivacyParameterError(
+                f"tail mass must be in [1e-100, 1e-6], got {tail_mass!r}"
+            )
         self.tail_mass = float(tail_mass)
         self._composed: tuple[PrivacyLossDistribution, PrivacyLossDistribution] | None = None
 
@@ -391,10 +392,11 @@ class PldAccountant(Accountant):
         return self._composed
 
     def _compose_direction(self, remove: bool) -> PrivacyLossDistribution:
-        step, tail = self.step, self.tail_mass
+        step = self.step
+        tail = self.tail_mass / (8.0 * max(1, len(self._events)))
         result: PrivacyLossDistribution | None = None
         for event, count in self._events:
-            single = _single_step_pld(event, step, remove, tail)
+            single = _single_step_pld(event, step, remove, tail / count)
             part = single.self_compose(count, tail)
             result = part if result is None else result.compose(part, tail)
         if result is None:

@@ -22,8 +22,8 @@ def group_privacy_dp(epsilon: float, delta: float, group_size: int) -> tuple[flo
     if delta >= 1.0:
         raise check.PrivacyParameterError(f"delta must be in [0, 1), got {delta!r}")
     k = check.count(group_size, "group size")
-    if delta == 0.0:
-        return k * epsilon, 0.0
+    if delta == 0.0 or k == 1:
+        return k * epsilon, delta
     log_growth = k * epsilon + math.log(-math.expm1(-k * epsilon))
     log_factor = log_growth - math.log(math.expm1(epsilon))
     return k * epsilon, math.exp(min(0.0, math.log(delta) + log_factor))
