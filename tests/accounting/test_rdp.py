@@ -46,7 +46,9 @@ def test_matches_opacus_on_the_same_orders(sigma: float, q: float, steps: int) -
     # rtol 1e-6 above that floor.
     float_floor = 1e-12 * steps / (alphas - 1)
     assert np.any(finite)
-    assert np.all(np.abs(ours - theirs)[finite] <= 1e-6 * np.abs(theirs[finite]) + float_floor[finite])
+    assert np.all(
+        np.abs(ours - theirs)[finite] <= 1e-6 * np.abs(theirs[finite]) + float_floor[finite]
+    )
 
 
 def _mp_log_a(q: float, sigma: float, alpha: float) -> float:
@@ -56,7 +58,10 @@ def _mp_log_a(q: float, sigma: float, alpha: float) -> float:
     if alpha == int(alpha):
         a = int(alpha)
         total = mpmath.fsum(
-            mpmath.binomial(a, k) * (1 - q_) ** (a - k) * q_**k * mpmath.expm1((k * k - k) / (2 * s_**2))
+            mpmath.binomial(a, k)
+            * (1 - q_) ** (a - k)
+            * q_**k
+            * mpmath.expm1((k * k - k) / (2 * s_**2))
             for k in range(2, a + 1)
         )
         return float(mpmath.log1p(total))
@@ -70,7 +75,8 @@ def _mp_log_a(q: float, sigma: float, alpha: float) -> float:
 
 
 @pytest.mark.parametrize(
-    ("q", "sigma"), [(1e-4, 10.0), (0.004267, 1.1), (0.01, 4.0), (0.02, 0.6), (0.5, 0.5), (0.9, 2.0)]
+    ("q", "sigma"),
+    [(1e-4, 10.0), (0.004267, 1.1), (0.01, 4.0), (0.02, 0.6), (0.5, 0.5), (0.9, 2.0)],
 )
 def test_matches_high_precision_oracle(q: float, sigma: float) -> None:
     orders = [1.05, 1.5, 2.0, 3.0, 4.5, 10.0, 32.0, 63.0]
@@ -97,7 +103,9 @@ def test_full_batch_is_the_gaussian_mechanism() -> None:
 )
 def test_published_values(name: str, conversion: str, expected: float, tol: float) -> None:
     sigma, q, epochs = {"tf-mnist": (1.1, 256 / 60000, 60), "abadi": (4.0, 0.01, 100)}[name]
-    acc = RdpAccountant(conversion=conversion).compose(dp_sgd(sigma, q, steps_from_epochs(epochs, q)))
+    acc = RdpAccountant(conversion=conversion).compose(
+        dp_sgd(sigma, q, steps_from_epochs(epochs, q))
+    )
     g = acc.guarantee(1e-5)
     assert g.epsilon == pytest.approx(expected, abs=tol)
     assert g.order is not None and g.order > 1

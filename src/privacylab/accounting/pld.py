@@ -92,8 +92,12 @@ class _LaplacePair:
     def _cdfs(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         beta = self.beta
         inside = np.clip((t / beta + 1.0) / 2.0, 0.0, 1.0)
-        cdf_a = np.where(t < -beta, 0.0, np.where(t >= beta, 1.0, 0.5 * np.exp(-(1 - inside) * beta)))
-        cdf_b = np.where(t < -beta, 0.0, np.where(t >= beta, 1.0, 1.0 - 0.5 * np.exp(-inside * beta)))
+        cdf_a = np.where(
+            t < -beta, 0.0, np.where(t >= beta, 1.0, 0.5 * np.exp(-(1 - inside) * beta))
+        )
+        cdf_b = np.where(
+            t < -beta, 0.0, np.where(t >= beta, 1.0, 1.0 - 0.5 * np.exp(-inside * beta))
+        )
         return cdf_a, cdf_b
 
     def masses(self, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -155,7 +159,9 @@ def _t_of_loss(loss: np.ndarray, q: float) -> np.ndarray:
         return np.where(inner > 0, np.log(np.where(inner > 0, inner, 1.0)) - math.log(q), -np.inf)
 
 
-def _single_step_pld(event: Event, step: float, remove: bool, tail: float) -> PrivacyLossDistribution:
+def _single_step_pld(
+    event: Event, step: float, remove: bool, tail: float
+) -> PrivacyLossDistribution:
     """Connect-the-dots PLD of one (possibly Poisson-subsampled) mechanism, one direction."""
     pair, q = _pair_of(event)
     t_lo, t_hi = pair.t_range(tail)
@@ -237,7 +243,9 @@ class PrivacyLossDistribution:
         if self.infinity_mass >= target:
             return math.inf
         tail, weighted = self._tail_sums()
-        at_grid = np.append(tail[1:] - math.exp(-self.step) * weighted[1:], 0.0) + self.infinity_mass
+        at_grid = (
+            np.append(tail[1:] - math.exp(-self.step) * weighted[1:], 0.0) + self.infinity_mass
+        )
         first = int(np.argmax(at_grid <= target))
         losses = self.losses
         if first == 0:
@@ -248,7 +256,9 @@ class PrivacyLossDistribution:
             eps = min(max(eps, losses[first - 1]), losses[first])
         return max(0.0, float(eps))
 
-    def compose(self, other: PrivacyLossDistribution, tail: float = DEFAULT_TAIL_MASS) -> PrivacyLossDistribution:
+    def compose(
+        self, other: PrivacyLossDistribution, tail: float = DEFAULT_TAIL_MASS
+    ) -> PrivacyLossDistribution:
         """The PLD of running both mechanisms: the convolution of the two (Koskela et al. 2020)."""
         if not math.isclose(self.step, other.step, rel_tol=1e-12):
             raise check.PrivacyParameterError("cannot compose PLDs with different discretisations")
@@ -327,8 +337,12 @@ def _chernoff_range(weights: np.ndarray, count: int, tail: float) -> tuple[int, 
         return sign * (count * mean + (count * k - log_tail) / lam)
 
     span = (math.log(lam0) - 5.0, math.log(lam0) + 5.0)
-    high = minimize_scalar(bound, bounds=span, args=(1.0,), method="bounded", options={"xatol": 0.02}).fun
-    low = -minimize_scalar(bound, bounds=span, args=(-1.0,), method="bounded", options={"xatol": 0.02}).fun
+    high = minimize_scalar(
+        bound, bounds=span, args=(1.0,), method="bounded", options={"xatol": 0.02}
+    ).fun
+    low = -minimize_scalar(
+        bound, bounds=span, args=(-1.0,), method="bounded", options={"xatol": 0.02}
+    ).fun
     high = min(count * (n - 1), math.ceil(high))
     low = max(0, math.floor(low))
     return low, max(high, low)

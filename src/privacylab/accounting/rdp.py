@@ -93,9 +93,9 @@ def _log_a_fractional(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
     log_phi = -0.5 * (z / sigma) ** 2 - math.log(sigma * math.sqrt(2.0 * math.pi)) + math.log(step)
     exponent = (2.0 * z - 1.0) / (2.0 * sigma**2)
     log_ratio = np.logaddexp(math.log1p(-q), math.log(q) + exponent) if q < 1 else exponent
-    u = np.expm1(log_ratio)
     a = alphas[:, None]
     with np.errstate(over="ignore", invalid="ignore"):
+        u = np.expm1(log_ratio)
         log_integrand = log_phi[None, :] + a * log_ratio[None, :]
         log_a_direct = logsumexp(log_integrand, axis=1)
         g = np.expm1(a * np.log1p(u)[None, :]) - a * u[None, :]
@@ -143,7 +143,9 @@ def rdp_laplace(scale: float, orders: np.ndarray | list[float]) -> np.ndarray:
     return np.minimum(log_terms / (a - 1), 1.0 / b)
 
 
-def rdp_randomized_response(event: RandomizedResponse, orders: np.ndarray | list[float]) -> np.ndarray:
+def rdp_randomized_response(
+    event: RandomizedResponse, orders: np.ndarray | list[float]
+) -> np.ndarray:
     """RDP of k-ary randomized response (Mironov 2017, Table II for k = 2; the same Rényi
     divergence for k categories): with p the keep probability and r = (1−p)/(k−1),
     (1/(α−1)) log( p^α r^{1−α} + r^α p^{1−α} + (k−2) r ), capped at the pure ε."""
@@ -262,7 +264,7 @@ class RdpAccountant(Accountant):
             rdp_of_event(event, self.orders[:1])
 
     def compose(self, event: Event, count: int = 1) -> RdpAccountant:
-        """Add `count` repetitions of `event`; RDP adds up over composition (Mironov 2017, Prop. 1)."""
+        """Add `count` repetitions of `event`; RDP adds up (Mironov 2017, Prop. 1)."""
         before = len(self._events)
         super().compose(event, count)
         for leaf, n in self._events[before:]:
@@ -287,4 +289,3 @@ class RdpAccountant(Accountant):
     def delta(self, epsilon: float) -> float:
         """δ at `epsilon`, minimised over the orders."""
         return rdp_to_delta(self.orders, self._rdp, epsilon, self.conversion)[0]
-
