@@ -93,8 +93,10 @@ def _prv_lower_bound(sigma: float, q: float, steps: int, delta: float) -> float:
         if q < 1
         else GaussianMechanism(noise_multiplier=sigma)
     )
+    # prv_accountant's cost grows with steps/accuracy: coarser (still valid) bounds at 1e5 steps.
+    eps_error, delta_error = (0.01, delta / 1000) if steps < 100000 else (0.1, delta / 10)
     acc = PRVAccountant(
-        prvs=[mech], max_self_compositions=[steps], eps_error=0.01, delta_error=delta / 1000
+        prvs=[mech], max_self_compositions=[steps], eps_error=eps_error, delta_error=delta_error
     )
     return acc.compute_epsilon(delta=delta, num_self_compositions=[steps])[0]
 
@@ -104,8 +106,7 @@ def test_pld_is_tight_and_an_upper_bound(sigma: float, q: float, steps: int, del
     ours = PldAccountant().compose(dp_sgd(sigma, q, steps)).epsilon(delta)
     reference = _dp_accounting_epsilon(sigma, q, steps, delta)
     assert ours <= reference * 1.005 + 1e-9
-    if steps < 100000:
-        assert ours >= _prv_lower_bound(sigma, q, steps, delta)
+    assert ours >= _prv_lower_bound(sigma, q, steps, delta)
     assert ours <= RdpAccountant().compose(dp_sgd(sigma, q, steps)).epsilon(delta) + 1e-9
 
 

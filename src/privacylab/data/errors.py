@@ -1,0 +1,7 @@
+"""The one exception the data package raises for bad input."""
+
+from __future__ import annotations
+
+
+class DataError(ValueError):
+    """A dataset cannot be loaded, split or modified as asked; the message is one line."""

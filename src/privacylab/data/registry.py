@@ -1,0 +1,39 @@
+"""Datasets by name: loaders register themselves with `@register_dataset`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from privacylab.data.dataset import Dataset
+from privacylab.data.errors import DataError
+
+Loader = Callable[[Path | None], Dataset]
+
+_LOADERS: dict[str, Loader] = {}
+
+
+def register_dataset(name: str) -> Callable[[Loader], Loader]:
+    """Decorator registering `loader(root) -> Dataset` under `name`."""
+
+    def decorate(loader: Loader) -> Loader:
+        if name in _LOADERS:
+            raise ValueError(f"dataset {name!r} is registered twice")
+        _LOADERS[name] = loader
+        return loader
+
+    return decorate
+
+
+def available_datasets() -> list[str]:
+    """Names accepted by `load_dataset`, sorted."""
+    return sorted(_LOADERS)
+
+
+def load_dataset(name: str, root: str | Path | None = None) -> Dataset:
+    """Load dataset `name`; on-disk datasets are read from `root`, nothing is ever downloaded."""
+    key = str(name).strip().lower().replace("-", "_")
+    if key not in _LOADERS:
+        raise DataError(f"unknown dataset {name!r}; available: {', '.join(available_datasets())}")
+    folder = None if root is None else Path(root).expanduser()
+    return _LOADERS[key](folder)

@@ -1,0 +1,69 @@
+"""Option checks shared by the model builders (one clear line per bad value)."""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from privacylab.models.errors import ModelError
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
+
+
+def activation(name: str, model: str) -> nn.Module:
+    """A fresh activation module by name (relu, tanh, sigmoid)."""
+    if name not in ACTIVATIONS:
+        raise ModelError(
+            f"{model}: activation must be one of {', '.join(ACTIVATIONS)}, got {name!r}"
+        )
+    return ACTIVATIONS[name]()
+
+
+def positive_int(name: str, value: object, model: str) -> int:
+    """`value` as an int >= 1, or ModelError."""
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        number = 0
+    if isinstance(value, bool) or number < 1:
+        raise ModelError(f"{model}: {name} must be an integer >= 1, got {value!r}")
+    return int(number)
+
+
+def widths(value: object, model: str) -> tuple[int, ...]:
+    """Hidden-layer widths as a tuple of ints >= 1 (possibly empty), or ModelError."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ModelError(f"{model}: widths must be a list of positive ints, got {value!r}")
+    return tuple(positive_int("widths entries", w, model) for w in value)
+
+
+def dropout(value: object, model: str) -> float:
+    """A dropout probability in [0, 1), or ModelError."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (math.isfinite(value) and 0 <= value < 1)
+    ):
+        raise ModelError(f"{model}: dropout must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def image_shape(input_shape: tuple[int, ...], model: str) -> tuple[int, int, int]:
+    """`input_shape` as (channels, height, width), or ModelError."""
+    if len(input_shape) != 3:
+        raise ModelError(f"{model} needs image inputs of shape (C, H, W), got {input_shape}")
+    return input_shape  # type: ignore[return-value]
+
+
+def flat_size(features: nn.Module, input_shape: tuple[int, ...], model: str) -> int:
+    """The number of outputs of `features` for one example, found with a dummy forward pass."""
+    with torch.no_grad():
+        try:
+            out = features(torch.zeros(1, *input_shape))
+        except RuntimeError:
+            raise ModelError(f"{model}: input_shape {input_shape} is too small") from None
+    return int(out[0].numel())

@@ -1,0 +1,155 @@
+"""Saving and loading models as safetensors weights plus a JSON sidecar; nothing is unpickled.
+
+A saved model is a folder holding
+
+- `model.safetensors`: the state dict, written by `safetensors.torch.save_file`;
+- `model.json`: `{"format": "privacylab-model/1", "spec": ModelSpec.to_dict(), "metadata": {...},
+  "weights": "model.safetensors", "sha256": <hex digest of the weights file>}`, where metadata is
+  free-form JSON (training config, data, privacy spent).
+
+Loading rebuilds the architecture from the spec through the model registry and fills it with
+`safetensors.torch.load_file`, so no file can make the loader run code (no torch.load, no pickle).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from privacylab.models.errors import ModelError
+from privacylab.models.spec import ModelSpec
+
+FORMAT = "privacylab-model/1"
+WEIGHTS_FILE = "model.safetensors"
+SIDECAR_FILE = "model.json"
+
+
+def save_model(
+    model: nn.Module,
+    path: str | Path,
+    spec: ModelSpec,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write `model` to the folder `path` (created if needed); returns the folder.
+
+    The weights must fit `spec` (same parameter names and shapes), so that `load_model` can
+    rebuild the model; both files are written to temporary names and renamed into place.
+    """
+    if not isinstance(spec, ModelSpec):
+        raise ModelError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise ModelError(f"metadata must be a dict, got {type(metadata).__name__}")
+    try:
+        sidecar: dict[str, Any] = {
+            "format": FORMAT,
+            "spec": spec.to_dict(),
+            "metadata": json.loads(json.dumps(dict(metadata or {}))),
+        }
+    except (TypeError, ValueError) as error:
+        raise ModelError(f"metadata is not JSON-serialisable: {error}") from None
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    _check_fits(spec, spec.build(seed=0), tensors, "the model to save")
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        weights = folder / WEIGHTS_FILE
+        partial = folder / (WEIGHTS_FILE + ".partial")
+        save_file(tensors, str(partial), metadata={"format": "pt", "privacylab": FORMAT})
+        sidecar["weights"] = WEIGHTS_FILE
+        sidecar["sha256"] = _sha256(partial)
+        os.replace(partial, weights)
+        partial_sidecar = folder / (SIDECAR_FILE + ".partial")
+        partial_sidecar.write_text(json.dumps(sidecar, indent=2, sort_keys=True) + "\n")
+        os.replace(partial_sidecar, folder / SIDECAR_FILE)
+    except (OSError, RuntimeError) as error:
+        raise ModelError(f"cannot save model to {folder}: {error}") from None
+    return folder
+
+
+def load_model(
+    path: str | Path, *, device: str | torch.device = "cpu"
+) -> tuple[nn.Module, ModelSpec, dict[str, Any]]:
+    """`(model, spec, metadata)` from a folder written by `save_model` (or a file in it).
+
+    The model is returned in eval mode on `device`. Missing or corrupt files, an unknown format
+    and weights that do not fit the spec raise ModelError with one line.
+    """
+    folder = Path(path)
+    if folder.is_file() and folder.name in (SIDECAR_FILE, WEIGHTS_FILE):
+        folder = folder.parent
+    sidecar_path = folder / SIDECAR_FILE
+    if not sidecar_path.is_file():
+        raise ModelError(
+            f"no saved model at {folder}: expected {SIDECAR_FILE} and {WEIGHTS_FILE} there"
+        )
+    sidecar = _read_sidecar(sidecar_path)
+    spec = ModelSpec.from_dict(sidecar["spec"])
+    metadata = sidecar.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise ModelError(f"corrupt model sidecar {sidecar_path}: metadata is not an object")
+    weights = folder / str(sidecar.get("weights", WEIGHTS_FILE))
+    if weights.name != str(sidecar.get("weights", WEIGHTS_FILE)) or not weights.is_file():
+        raise ModelError(f"no weights file {weights} next to {sidecar_path}")
+    expected = sidecar.get("sha256")
+    if expected is not None and _sha256(weights) != expected:
+        raise ModelError(f"weights file {weights} does not match the sha256 in {sidecar_path}")
+    try:
+        tensors = load_file(str(weights), device="cpu")
+    except Exception as error:
+        raise ModelError(f"corrupt weights file {weights}: {error}") from None
+    model = spec.build(seed=0)
+    _check_fits(spec, model, tensors, str(weights))
+    model.load_state_dict(tensors, strict=True)
+    return model.to(device).eval(), spec, metadata
+
+
+def _read_sidecar(path: Path) -> dict[str, Any]:
+    try:
+        sidecar = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ModelError(f"corrupt model sidecar {path}: {error}") from None
+    if not isinstance(sidecar, dict):
+        raise ModelError(f"corrupt model sidecar {path}: not a JSON object")
+    if sidecar.get("format") != FORMAT:
+        raise ModelError(
+            f"{path}: unsupported format {sidecar.get('format')!r}, expected {FORMAT!r}"
+        )
+    if "spec" not in sidecar:
+        raise ModelError(f"corrupt model sidecar {path}: no spec")
+    return sidecar
+
+
+def _check_fits(
+    spec: ModelSpec, model: nn.Module, tensors: Mapping[str, torch.Tensor], where: str
+) -> None:
+    reference = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(reference) - set(tensors))
+    unexpected = sorted(set(tensors) - set(reference))
+    resized = sorted(
+        f"{k} {tuple(tensors[k].shape)} != {reference[k]}"
+        for k in set(reference) & set(tensors)
+        if tuple(tensors[k].shape) != reference[k]
+    )
+    problems = [
+        f"{label}: {', '.join(items[:5])}{' ...' if len(items) > 5 else ''}"
+        for label, items in (("missing", missing), ("unexpected", unexpected), ("shape", resized))
+        if items
+    ]
+    if problems:
+        raise ModelError(f"weights of {where} do not fit spec {spec.name!r}: {'; '.join(problems)}")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
