@@ -82,7 +82,13 @@ def calibrate_noise_multiplier(
         eps = dp_sgd_epsilon(math.exp(log_sigma), q, t, d, accountant)
         return math.log(max(eps, 1e-300)) - math.log(target)
 
-    lo, hi = math.log(0.05), math.log(1.0)
+    if accountant.lower().startswith("rdp"):
+        lo, hi = math.log(0.05), math.log(1.0)
+    else:
+        # Bracket with the cheap RDP bound first: it is almost always looser, so its σ is
+        # (nearly) enough; the slow accountant then only searches a narrow interval.
+        rdp_sigma = calibrate_noise_multiplier(target, d, q, t, "rdp", rtol=1e-3)
+        lo, hi = math.log(rdp_sigma * 0.6), math.log(rdp_sigma * 1.01)
     while gap(hi) > 0:
         lo, hi = hi, hi + math.log(4.0)
         if hi > math.log(1e6):

@@ -5,7 +5,7 @@ nn.GroupNorm modules (`PARAMETER_MODULES`); the DP engine's per-layer norm rules
 `build_model` checks it.
 """
 
-from privacylab.models import conv, dense, transformer  # noqa: F401  (register the builders)
+from privacylab.models import conv, dense, scattering, transformer  # noqa: F401  (registers)
 from privacylab.models.errors import ModelError
 from privacylab.models.registry import (
     PARAMETER_MODULES,
@@ -17,6 +17,7 @@ from privacylab.models.registry import (
 )
 from privacylab.models.spec import ModelSpec
 from privacylab.models.storage import FORMAT, load_model, save_model
+from privacylab.models.scattering import Scattering2D
 from privacylab.models.transformer import TransformerClassifier
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "PARAMETER_MODULES",
     "ModelError",
     "ModelSpec",
+    "Scattering2D",
     "TransformerClassifier",
     "build_model",
     "load_model",

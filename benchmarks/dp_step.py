@@ -1,0 +1,351 @@
+"""Time and memory of one DP-SGD step: privacylab (ghost, per_sample) against Opacus 1.6.
+
+    python benchmarks/dp_step.py [--json] [--repeats N] [--warmup W] [--models mlp,cnn,...]
+
+Setting: one process, ``torch.set_num_threads(1)``, CPU, batch 256, σ = 1, C = 1, SGD.
+Models: MLP 784-512-256-10 and the DP-literature CNN on MNIST-shaped inputs (1×28×28), and a
+2-block transformer classifier (vocabulary 1000, length 64, width 64, 4 heads; Linear,
+Embedding and LayerNorm layers only, attention written out with matmul/softmax).
+
+Methods, each on its own copy of the model: ``plain`` (forward, ``loss.backward()``, SGD step,
+no privacy); ``ghost`` and ``per_sample`` (``privacylab.training.dp.DPSGD``); ``opacus_hooks``
+(``PrivacyEngine().make_private(grad_sample_mode="hooks", poisson_sampling=False)``, i.e.
+``GradSampleModule`` hooks) and ``opacus_ghost`` (``grad_sample_mode="ghost"``, which returns a
+criterion wrapper whose ``backward`` runs Opacus' two backward passes).  Every DP method
+includes drawing the Gaussian noise.  Times are medians over ``--repeats`` steps after
+``--warmup`` steps, the methods interleaved step by step so that drift of the machine affects
+all alike.  A step's time is the CPU time of the process (``time.process_time``: user + system,
+so page faults count) — with one thread this equals the wall-clock time on an idle machine, and
+unlike wall-clock time it is not inflated by other programs sharing the cores; ``--wall``
+measures wall-clock time instead.  ``noise_ms`` is the time to draw the N(0, σ²C²) noise for all
+parameters alone: part of every DP step, and the floor of the DP overhead for models with many
+parameters per unit of compute (the MLP).
+
+Peak memory: torch's CPU allocator bypasses ``tracemalloc``, so memory is the resident set
+size.  Each (model, method) runs in a fresh subprocess with ``MALLOC_MMAP_THRESHOLD_=65536`` (so
+every tensor above 64 KiB is its own mapping, returned to the OS when freed, and RSS tracks live
+tensor memory).  After warm-up steps the kernel's RSS high-water mark is reset (``5`` written to
+``/proc/self/clear_refs``) and one step runs; its peak memory is ``VmHWM − VmRSS`` before the
+step (median of three such steps): what the step itself needs on top of the model, optimizer
+state, data and libraries.  Where ``clear_refs`` is unavailable, the ``ru_maxrss`` increase of
+the first measured step is used instead.  ``peak_mem_ratio_*`` divides that by the same number
+for the plain step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F  # noqa: N812
+
+BATCH = 256
+SIGMA = 1.0
+CLIP = 1.0
+LR = 0.05
+METHODS = ("plain", "ghost", "per_sample", "opacus_hooks", "opacus_ghost")
+MODELS = ("mlp", "cnn", "transformer")
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention built from two Linear layers."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d // self.heads), -1)
+        return self.out((att @ v).transpose(1, 2).reshape(b, t, d))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block with a 4× GELU MLP."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, heads)
+        self.ln2 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TransformerClassifier(nn.Module):
+    """Token and position embeddings, blocks, LayerNorm, mean pooling, linear head."""
+
+    def __init__(
+        self, vocab: int = 1000, length: int = 64, dim: int = 64, heads: int = 4, blocks: int = 2
+    ) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, dim)
+        self.positions = nn.Embedding(length, dim)
+        self.blocks = nn.Sequential(*[Block(dim, heads) for _ in range(blocks)])
+        self.ln = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        x = self.tokens(tokens) + self.positions(positions)
+        return self.head(self.ln(self.blocks(x)).mean(1))
+
+
+def build(name: str) -> tuple[nn.Module, Tensor, Tensor]:
+    """Model and one batch for ``name``."""
+    torch.manual_seed(0)
+    y = torch.randint(0, 10, (BATCH,))
+    if name == "mlp":
+        model = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(784, 512),
+            nn.ReLU(),
+            nn.Linear(512, 256),
+            nn.ReLU(),
+            nn.Linear(256, 10),
+        )
+        return model, torch.randn(BATCH, 1, 28, 28), y
+    if name == "cnn":
+        model = nn.Sequential(
+            nn.Conv2d(1, 16, 8, 2, padding=3),
+            nn.ReLU(),
+            nn.MaxPool2d(2, 1),
+            nn.Conv2d(16, 32, 4, 2),
+            nn.ReLU(),
+            nn.MaxPool2d(2, 1),
+            nn.Flatten(),
+            nn.Linear(32 * 4 * 4, 32),
+            nn.ReLU(),
+            nn.Linear(32, 10),
+        )
+        return model, torch.randn(BATCH, 1, 28, 28), y
+    if name == "transformer":
+        return TransformerClassifier(), torch.randint(0, 1000, (BATCH, 64)), y
+    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+
+
+def per_example_ce(outputs: Tensor, targets: Tensor) -> Tensor:
+    """Cross-entropy with reduction='none'."""
+    return F.cross_entropy(outputs, targets, reduction="none")
+
+
+def make_step(method: str, model: nn.Module, x: Tensor, y: Tensor) -> Callable[[], None]:
+    """A closure doing one training step of ``method`` on its own copy of ``model``."""
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    if method == "plain":
+
+        def plain() -> None:
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+        return plain
+    if method in ("ghost", "per_sample"):
+        from privacylab.training.dp import DPSGD
+
+        engine = DPSGD(
+            model,
+            optimizer,
+            per_example_ce,
+            noise_multiplier=SIGMA,
+            max_grad_norm=CLIP,
+            expected_batch_size=BATCH,
+            clipping=method,  # type: ignore[arg-type]
+            generator=torch.Generator().manual_seed(0),
+        )
+
+        def dp_step() -> None:
+            engine.step(x, y)
+
+        return dp_step
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    loader = DataLoader(TensorDataset(x, y), batch_size=BATCH)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        made = PrivacyEngine(accountant="rdp").make_private(
+            module=model,
+            optimizer=optimizer,
+            criterion=nn.CrossEntropyLoss(),
+            data_loader=loader,
+            noise_multiplier=SIGMA,
+            max_grad_norm=CLIP,
+            poisson_sampling=False,
+            grad_sample_mode="hooks" if method == "opacus_hooks" else "ghost",
+        )
+    if method == "opacus_hooks":
+        private_model, private_optimizer, _ = made
+        criterion: Callable[[Tensor, Tensor], Tensor] = nn.CrossEntropyLoss()
+    else:
+        private_model, private_optimizer, criterion, _ = made
+
+    def opacus_step() -> None:
+        criterion(private_model(x), y).backward()
+        private_optimizer.step()
+        private_optimizer.zero_grad()
+
+    return opacus_step
+
+
+def noise_time(model: nn.Module, repeats: int, clock: Callable[[], float]) -> float:
+    """Median ms to draw N(0, σ²C²) for every parameter with a torch.Generator (part of DP)."""
+    generator = torch.Generator().manual_seed(0)
+    params = [torch.empty_like(p) for p in model.parameters()]
+    times = []
+    for _ in range(repeats + 3):
+        start = clock()
+        for p in params:
+            p.normal_(0.0, SIGMA * CLIP, generator=generator)
+        times.append(clock() - start)
+    return statistics.median(times[3:]) * 1e3
+
+
+def time_methods(
+    name: str, repeats: int, warmup: int, clock: Callable[[], float] = time.process_time
+) -> dict[str, object]:
+    """Median step time of each method, interleaved."""
+    model, x, y = build(name)
+    steps: dict[str, Callable[[], None]] = {}
+    result: dict[str, object] = {}
+    for method in METHODS:
+        try:
+            steps[method] = make_step(method, model, x, y)
+            for _ in range(warmup):
+                steps[method]()
+        except Exception as error:  # a peer that fails is reported, not fatal
+            steps.pop(method, None)
+            result[f"{method}_ms"] = None
+            result[f"{method}_error"] = f"{type(error).__name__}: {error}".splitlines()[0]
+    times: dict[str, list[float]] = {m: [] for m in steps}
+    for _ in range(repeats):
+        for method, step in steps.items():
+            start = clock()
+            step()
+            times[method].append(clock() - start)
+    for method, values in times.items():
+        result[f"{method}_ms"] = round(statistics.median(values) * 1e3, 3)
+    plain = result["plain_ms"]
+    for method in METHODS[1:]:
+        value = result.get(f"{method}_ms")
+        result[f"{method}_ratio"] = None if value is None else round(value / plain, 3)
+    result["noise_ms"] = round(noise_time(model, repeats, clock), 3)
+    return result
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def measure_memory_here(name: str, method: str) -> dict[str, float]:
+    """Peak bytes of one step above the resident baseline (run in a fresh process)."""
+    torch.set_num_threads(1)
+    model, x, y = build(name)
+    step = make_step(method, model, x, y)
+    for _ in range(3):
+        step()
+    deltas = []
+    for _ in range(3):
+        gc.collect()
+        try:
+            with open("/proc/self/clear_refs", "w") as refs:
+                refs.write("5")
+            before = _status_kib("VmRSS")
+            step()
+            deltas.append(_status_kib("VmHWM") - before)
+        except OSError:
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            step()
+            deltas.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+            break
+    return {"peak_kib": statistics.median(deltas)}
+
+
+def measure_memory(name: str, method: str) -> float | None:
+    """Run :func:`measure_memory_here` in a fresh subprocess; KiB or None on failure."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [sys.executable, __file__, "--memory-child", name, method],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        return None
+    return float(json.loads(done.stdout.strip().splitlines()[-1])["peak_kib"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the table or one JSON object."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--repeats", type=int, default=20, help="timed steps per method")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per method")
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset")
+    parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    parser.add_argument("--wall", action="store_true", help="wall-clock instead of CPU time")
+    parser.add_argument("--memory-child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message="Full backward hook")
+    if args.memory_child:
+        print(json.dumps(measure_memory_here(*args.memory_child)))
+        return 0
+    report: dict[str, dict[str, object]] = {}
+    for name in args.models.split(","):
+        print(f"[dp_step] timing {name}", file=sys.stderr)
+        clock = time.perf_counter if args.wall else time.process_time
+        result = time_methods(name, args.repeats, args.warmup, clock)
+        if not args.no_memory:
+            print(f"[dp_step] memory {name}", file=sys.stderr)
+            plain = measure_memory(name, "plain")
+            result["peak_mem_mib_plain"] = None if plain is None else round(plain / 1024, 1)
+            for method in METHODS[1:]:
+                peak = measure_memory(name, method) if plain else None
+                key = f"peak_mem_ratio_{method}"
+                result[key] = None if peak is None or not plain else round(peak / plain, 3)
+        report[name] = result
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    columns = ["plain_ms", *[f"{m}_ratio" for m in METHODS[1:]], "noise_ms"]
+    if not args.no_memory:
+        columns += ["peak_mem_ratio_ghost", "peak_mem_ratio_per_sample"]
+    print(f"{'model':<12}" + "".join(f"{c:>22}" for c in columns))
+    for name, result in report.items():
+        cells = [result.get(c) for c in columns]
+        print(f"{name:<12}" + "".join(f"{'-' if v is None else v:>22}" for v in cells))
+        for key, value in result.items():
+            if key.endswith("_error"):
+                print(f"  {key}: {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+    raise SystemExit(main())

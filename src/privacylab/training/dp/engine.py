@@ -1,0 +1,285 @@
+"""The DP-SGD step: clip per-example gradients, sum, add Gaussian noise, average, update.
+
+Abadi et al. 2016 ("Deep learning with differential privacy", CCS), Algorithm 1:
+
+    g̃ = (1/L) (Σ_{i∈batch} ḡ_i + N(0, σ²C² I)),   ḡ_i = g_i · min(1, C / ‖g_i‖₂)
+
+with L the *expected* batch size q·N — a fixed denominator, not the realised (Poisson) batch
+size, so that the released average is the Gaussian mechanism applied to a sum with
+sensitivity C.  An empty batch still adds noise and takes a step.  The engine does not own the
+accounting: after ``steps`` steps with sampling rate q the trainer composes
+``privacylab.accounting.dp_sgd(noise_multiplier, q, steps)`` into an accountant.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+
+from privacylab.training.dp.clipping import ClippedBatch, ClipThresholds, GradientBuffers
+from privacylab.training.dp.errors import DPSGDError
+from privacylab.training.dp.ghost.clipper import GhostClipping, describe, ghost_layers
+from privacylab.training.dp.noise import GaussianNoise
+from privacylab.training.dp.per_sample import PerSampleClipping
+
+Clipping = Literal["ghost", "per_sample", "auto"]
+STRATEGIES: tuple[str, ...] = ("ghost", "per_sample", "auto")
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one DP-SGD step reports.
+
+    Attributes:
+        loss_mean: mean per-example loss over the realised batch (NaN for an empty batch).
+        batch_size: realised batch size.
+        norms: (B,) per-example gradient norms before clipping.
+    """
+
+    loss_mean: float
+    batch_size: int
+    norms: Tensor
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """White-box view of one step, given to step hooks before the optimizer update.
+
+    ``(clipped_sum[name] + noise[name]) / expected_batch_size`` is the gradient written to the
+    parameter's ``.grad``.
+
+    Attributes:
+        step: 1-based index of this step (``engine.steps`` once it completes).
+        clipped_sum: parameter name -> Σ_i clipped per-example gradient.
+        noise: parameter name -> the N(0, σ²C²) noise added to that sum.
+        batch_size: realised batch size.
+        norms: (B,) per-example gradient norms before clipping.
+    """
+
+    step: int
+    clipped_sum: dict[str, Tensor]
+    noise: dict[str, Tensor]
+    batch_size: int
+    norms: Tensor
+
+
+StepHook = Callable[[StepInfo], None]
+
+
+def check_no_batch_norm(model: nn.Module) -> None:
+    """Reject layers that mix the examples of a batch or keep non-private data statistics."""
+    for path, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            raise DPSGDError(
+                f"layer {describe(path, module)} normalises with batch statistics, which mixes "
+                "examples and breaks per-example clipping; use nn.GroupNorm (or LayerNorm)"
+            )
+        if isinstance(module, nn.modules.instancenorm._InstanceNorm) and (
+            module.track_running_stats
+        ):
+            raise DPSGDError(
+                f"layer {describe(path, module)} tracks running statistics of the data without "
+                "noise; use track_running_stats=False or nn.GroupNorm"
+            )
+
+
+def _nonnegative(name: str, value: object) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise DPSGDError(f"{name} must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
+        raise DPSGDError(f"{name} must be a finite number >= 0, got {value!r}")
+    return number
+
+
+class DPSGD:
+    """Differentially private SGD steps for a model and optimizer (Abadi et al. 2016, Alg. 1).
+
+    Args:
+        model: the network.  Must not contain BatchNorm (it mixes examples).
+        optimizer: any ``torch.optim`` optimizer over the model's trainable parameters; it sees
+            the privatised gradient (so momentum/Adam are post-processing).
+        loss_fn: ``loss_fn(outputs, targets) -> (B,)`` per-example losses
+            (``reduction='none'``).
+        noise_multiplier: σ; the noise added to the clipped sum has std σ·C.
+        max_grad_norm: C, the L2 bound on one example's clipped gradient.
+        expected_batch_size: the fixed denominator L = q·N of Alg. 1.
+        clipping: ``"ghost"`` (ghost clipping with book-keeping; errors on a layer without a
+            rule), ``"per_sample"`` (``torch.func`` vmap, any layer) or ``"auto"`` (ghost if
+            possible, else per_sample for the whole model, with one warning).
+        per_layer_thresholds: ``None`` for flat clipping, else per-parameter thresholds C_k
+            (mapping name -> C_k, or a sequence in ``named_parameters`` order) with
+            ‖(C_k)‖₂ = max_grad_norm (McMahan et al. 2018); see :func:`split_threshold`.
+        physical_batch_size: split each (logical) batch into micro-batches of at most this size;
+            their clipped sums are accumulated and noised once per step — the same mechanism,
+            so the same privacy guarantee, with bounded memory.
+        secure_noise: draw the noise from the OS CSPRNG (see :mod:`..noise` for the
+            floating-point caveat of Mironov 2012).  Cannot be combined with ``generator``.
+        generator: ``torch.Generator`` (on the parameters' device) for reproducible noise.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        *,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        expected_batch_size: float,
+        clipping: Clipping = "ghost",
+        per_layer_thresholds: Mapping[str, float] | Sequence[float] | None = None,
+        physical_batch_size: int | None = None,
+        secure_noise: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        if clipping not in STRATEGIES:
+            raise DPSGDError(f"clipping must be one of {', '.join(STRATEGIES)}, got {clipping!r}")
+        if not callable(loss_fn):
+            raise DPSGDError("loss_fn must be callable: loss_fn(outputs, targets) -> (B,) losses")
+        self.noise_multiplier = _nonnegative("noise_multiplier", noise_multiplier)
+        self.expected_batch_size = _nonnegative("expected_batch_size", expected_batch_size)
+        if self.expected_batch_size == 0:
+            raise DPSGDError("expected_batch_size must be > 0 (it is q·N)")
+        if physical_batch_size is not None and (
+            isinstance(physical_batch_size, bool)
+            or not isinstance(physical_batch_size, int)
+            or physical_batch_size < 1
+        ):
+            raise DPSGDError(
+                f"physical_batch_size must be a whole number >= 1, got {physical_batch_size!r}"
+            )
+        if secure_noise and generator is not None:
+            raise DPSGDError(
+                "secure_noise draws from the OS and cannot be seeded; pass no generator"
+            )
+        check_no_batch_norm(model)
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.params = OrderedDict((n, p) for n, p in model.named_parameters() if p.requires_grad)
+        if not self.params:
+            raise DPSGDError("the model has no trainable parameters")
+        self.thresholds = ClipThresholds(max_grad_norm, list(self.params), per_layer_thresholds)
+        self.max_grad_norm = self.thresholds.max_grad_norm
+        self.physical_batch_size = physical_batch_size
+        self.noise = GaussianNoise(generator, secure=secure_noise)
+        self.clipping = self._resolve(clipping)
+        self._clipper: GhostClipping | PerSampleClipping
+        if self.clipping == "ghost":
+            self._clipper = GhostClipping(model, loss_fn, self.thresholds)
+        else:
+            self._clipper = PerSampleClipping(model, loss_fn, self.thresholds)
+        self._step_hooks: OrderedDict[int, StepHook] = OrderedDict()
+        self.steps = 0
+
+    def _resolve(self, clipping: str) -> str:
+        if clipping != "auto":
+            return clipping
+        _, problems = ghost_layers(self.model)
+        if not problems:
+            return "ghost"
+        warnings.warn(
+            f"clipping='auto' uses per_sample for the whole model: {problems[0]}",
+            stacklevel=3,
+        )
+        return "per_sample"
+
+    @property
+    def noise_std(self) -> float:
+        """σ·C: standard deviation of the noise added to each coordinate of the clipped sum."""
+        return self.noise_multiplier * self.max_grad_norm
+
+    def add_step_hook(self, hook: StepHook) -> RemovableHandle:
+        """Call ``hook(StepInfo)`` at every step, after ``.grad`` is written and before the update.
+
+        Building the clipped-sum and noise dictionaries costs a copy of the gradient; it only
+        happens while at least one hook is registered.  ``handle.remove()`` unregisters.
+        """
+        handle = RemovableHandle(self._step_hooks)
+        self._step_hooks[handle.id] = hook
+        return handle
+
+    def clipped_batch(self, x: Tensor | Sequence[Tensor], y: Tensor) -> ClippedBatch:
+        """Σ_i clipped ∇L_i over the batch (no noise), in micro-batches if configured."""
+        return self._clip(x, y, GradientBuffers(self.params))
+
+    def _clip(self, x: Tensor | Sequence[Tensor], y: Tensor, into: GradientBuffers) -> ClippedBatch:
+        inputs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+        batch = int(y.shape[0])
+        for t in inputs:
+            if t.shape[0] != batch:
+                raise DPSGDError(f"inputs have {t.shape[0]} examples but targets have {batch}")
+        if batch == 0:
+            p = next(iter(self.params.values()))
+            empty = torch.zeros(0, dtype=p.dtype, device=p.device)
+            return ClippedBatch(into.tensors(), empty, empty.clone(), 0)
+        size = self.physical_batch_size or batch
+        if size >= batch:
+            return self._clipper.clip(inputs, y, into)
+        norms, losses = [], []
+        for start in range(0, batch, size):
+            s = slice(start, start + size)
+            part = self._clipper.clip(tuple(t[s] for t in inputs), y[s], into)
+            norms.append(part.norms)
+            losses.append(part.loss)
+        return ClippedBatch(into.tensors(), torch.cat(norms), torch.cat(losses), batch)
+
+    def step(self, x: Tensor | Sequence[Tensor], y: Tensor) -> StepResult:
+        """One DP-SGD step on a (possibly empty) batch; see the module docstring.
+
+        Each parameter's noise is drawn when its layer's clipped sum is about to be formed, into
+        the buffer that sum is added to (no second gradient-sized buffer), unless a step hook
+        needs the two apart; the order of the draws is the same either way.
+        """
+        for p in self.params.values():
+            self._check_generator(p)
+        std = self.noise_std
+        watched = bool(self._step_hooks)
+        noise: dict[str, Tensor] = {}
+
+        def init(name: str, p: Tensor) -> Tensor:
+            if std == 0:
+                return torch.zeros_like(p)
+            drawn = self.noise.sample(p, std)
+            if not watched:
+                return drawn
+            noise[name] = drawn
+            return torch.zeros_like(p)
+
+        with torch.no_grad():
+            batch = self._clip(x, y, GradientBuffers(self.params, init))
+            scale = 1.0 / self.expected_batch_size
+            for name, p in self.params.items():
+                total = batch.grad_sum[name]
+                if watched:
+                    noise.setdefault(name, torch.zeros_like(p))
+                    p.grad = (total + noise[name]).mul_(scale)
+                else:
+                    p.grad = total.mul_(scale)
+            self.steps += 1
+            if watched:
+                info = StepInfo(self.steps, batch.grad_sum, noise, batch.batch_size, batch.norms)
+                for hook in list(self._step_hooks.values()):
+                    hook(info)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        loss = batch.loss.mean().item() if batch.batch_size else math.nan
+        return StepResult(loss, batch.batch_size, batch.norms)
+
+    def _check_generator(self, p: Tensor) -> None:
+        generator = self.noise.generator
+        if generator is not None and generator.device.type != p.device.type:
+            raise DPSGDError(
+                f"the noise generator is on {generator.device} but the parameters are on "
+                f"{p.device}; create it with torch.Generator(device=...)"
+            )

@@ -1,0 +1,322 @@
+"""Ghost clipping with book-keeping: clipped gradient sums from one forward and one backward.
+
+Algorithm (Bu et al. 2023, "Differentially private optimization on large model at small cost",
+Alg. 1 "BK"; norms by Li et al. 2022 ghost clipping):
+
+1. Forward pass; forward hooks record, for every layer that has trainable parameters, its input
+   a and the autograd edge of its output.
+2. One backward pass ``torch.autograd.grad(Σ_i L_i, output edges)``.  Autograd only computes
+   gradients with respect to the recorded layer outputs: no weight gradient is formed, because
+   no weight is among the requested inputs.  The edges are taken when the layer runs, so an
+   in-place operation applied to an output later (``ReLU(inplace=True)``) does not change which
+   gradient is captured.
+3. Each layer's registered rule gives per-example squared norms; the clipping factors c_i
+   follow (flat or per-layer, :mod:`privacylab.training.dp.clipping`).
+4. Each rule forms Σ_i c_i ∇L_i from what it kept (a, g, or instantiated per-example grads) —
+   no second backward pass.
+
+Requirements, checked when the clipper is built: every trainable parameter belongs to a layer
+with a rule, is used through that layer's ``forward`` only, and is not shared between layers
+(tied weights).  The loss is a sum of per-example losses and nothing in the model mixes
+examples (BatchNorm is rejected by the engine), so row i of an output gradient is ∂L_i/∂out_i.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+
+import privacylab.training.dp.ghost.rules  # noqa: F401  (registers the built-in rules)
+from privacylab.training.dp.clipping import ClippedBatch, ClipThresholds, GradientBuffers
+from privacylab.training.dp.errors import GhostClippingError
+from privacylab.training.dp.ghost.registry import (
+    LayerCall,
+    LayerGradients,
+    RegisteredRule,
+    rule_for,
+)
+from privacylab.training.dp.losses import per_example_losses
+
+
+@dataclass
+class GhostLayer:
+    """A layer with trainable parameters and the rule that handles it."""
+
+    path: str
+    module: nn.Module
+    rule: RegisteredRule
+    trainable: frozenset[str]
+    numel: int = 0
+
+
+def describe(path: str, module: nn.Module) -> str:
+    """``'encoder.fc1' (Linear)`` — how errors name a layer."""
+    return f"'{path or '<model>'}' ({type(module).__name__})"
+
+
+def ghost_layers(model: nn.Module) -> tuple[list[GhostLayer], list[str]]:
+    """Layers ghost clipping would use, and the reasons it cannot handle this model (if any)."""
+    layers, problems = [], []
+    owners: dict[int, str] = {}
+    for path, module in model.named_modules():
+        for name, param in module.named_parameters(recurse=False, remove_duplicate=False):
+            if not param.requires_grad:
+                continue
+            full = f"{path}.{name}" if path else name
+            if id(param) in owners:
+                problems.append(
+                    f"parameter {full} is the same tensor as {owners[id(param)]} (tied "
+                    "weights); ghost clipping needs each parameter used by one layer"
+                )
+            owners.setdefault(id(param), full)
+        trainable = frozenset(
+            n for n, p in module.named_parameters(recurse=False) if p.requires_grad
+        )
+        if not trainable:
+            continue
+        rule = rule_for(module)
+        if rule is None:
+            problems.append(
+                f"ghost clipping has no rule for layer {describe(path, module)}; use "
+                "clipping='per_sample' or 'auto', or register one with @register_rule("
+                f"{type(module).__name__})"
+            )
+            continue
+        reason = rule.check(module) if rule.check is not None else None
+        if reason is not None:
+            problems.append(
+                f"ghost clipping cannot handle layer {describe(path, module)}: {reason}"
+            )
+            continue
+        numel = sum(p.numel() for n, p in module.named_parameters(recurse=False) if n in trainable)
+        layers.append(GhostLayer(path, module, rule, trainable, numel))
+    return layers, problems
+
+
+@dataclass
+class _Record:
+    layer: int
+    activation: Tensor | None
+    version: int
+    edge: GradientEdge
+    shape: torch.Size
+    dtype: torch.dtype
+
+
+LayerReady = Callable[[int, list[LayerCall]], None]
+
+
+@dataclass
+class ForwardTape:
+    """What the forward pass of one batch recorded: explicit per-batch state, no attributes."""
+
+    layers: Sequence[GhostLayer]
+    batch_size: int
+    records: list[_Record] = field(default_factory=list)
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """Record inputs and output edges of every ghost layer while the block runs."""
+        handles = [
+            layer.module.register_forward_hook(self._hook(i), with_kwargs=True)
+            for i, layer in enumerate(self.layers)
+        ]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def _hook(self, index: int) -> Callable[..., None]:
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Tensor) -> None:
+            if not torch.is_grad_enabled() or not isinstance(output, Tensor):
+                return
+            if not output.requires_grad:
+                return
+            activation = args[0] if args else next(iter(kwargs.values()))
+            if activation.shape[:1] != (self.batch_size,) or output.shape[:1] != (self.batch_size,):
+                layer = self.layers[index]
+                raise GhostClippingError(
+                    f"layer {describe(layer.path, layer.module)} was called on a tensor of shape "
+                    f"{tuple(activation.shape)}, not batch-first with {self.batch_size} examples; "
+                    "ghost clipping needs every layer to see the batch in dimension 0 (expand "
+                    "e.g. position indices over the batch) — or use clipping='per_sample'"
+                )
+            self.records.append(
+                _Record(
+                    index,
+                    activation.detach(),
+                    activation._version,
+                    get_gradient_edge(output),
+                    output.shape,
+                    output.dtype,
+                )
+            )
+
+        return hook
+
+    def backward(self, losses: Tensor, on_layer: LayerReady) -> None:
+        """One backward pass to the recorded layer outputs, handing each layer over early.
+
+        ``on_layer(index, calls)`` runs as soon as every call of layer ``index`` has its output
+        gradient — during the backward pass for most layers (Bu et al. 2023's book-keeping
+        order), so that a layer's activations can be dropped before the pass ends.  Outputs
+        that feed other recorded layers are reached through node pre-hooks; only the
+        "terminal" ones (no recorded layer upstream) are requested from ``torch.autograd.grad``,
+        which therefore holds nothing else until it returns.  No parameter gradient is formed.
+        """
+        records, self.records = self.records, []
+        if not records:
+            return
+        expected = Counter(r.layer for r in records)
+        pending: dict[int, list[LayerCall]] = {}
+
+        def deliver(record: _Record, grad: Tensor | None) -> None:
+            activation = record.activation
+            if activation is None:
+                return
+            record.activation = None
+            if activation._version != record.version:
+                layer = self.layers[record.layer]
+                raise GhostClippingError(
+                    f"the input of layer {describe(layer.path, layer.module)} was modified in "
+                    "place after the layer used it; avoid in-place ops on it or use "
+                    "clipping='per_sample'"
+                )
+            if grad is None:
+                grad = torch.zeros(record.shape, dtype=record.dtype, device=activation.device)
+            calls = pending.setdefault(record.layer, [])
+            calls.append(LayerCall(activation, grad))
+            if len(calls) == expected[record.layer]:
+                on_layer(record.layer, pending.pop(record.layer))
+
+        terminal = []
+        for record, upstream in zip(records, _feeds_from_recorded(records), strict=True):
+            if not upstream:
+                terminal.append(record)
+                continue
+            output_nr = record.edge.output_nr
+
+            def prehook(grads: tuple, record: _Record = record, output_nr: int = output_nr):
+                deliver(record, grads[output_nr])
+
+            record.edge.node.register_prehook(prehook)
+        grads = torch.autograd.grad(losses.sum(), [r.edge for r in terminal], allow_unused=True)
+        for record, grad in zip(terminal, grads, strict=True):
+            deliver(record, grad)
+        del grads
+        for record in records:
+            deliver(record, None)
+
+
+def _feeds_from_recorded(records: Sequence[_Record]) -> list[bool]:
+    """For each record: does another recorded layer output lie upstream of it in the graph?
+
+    One iterative post-order walk of the autograd graph (a DAG), memoised across records.
+    """
+    recorded = {r.edge.node for r in records}
+    reaches: dict[object, bool] = {}
+
+    def children(node: object) -> list[object]:
+        return [child for child, _ in node.next_functions if child is not None]
+
+    for record in records:
+        stack: list[tuple[object, bool]] = [(record.edge.node, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if expanded:
+                reaches[node] = any(c in recorded or reaches.get(c, False) for c in children(node))
+            elif node not in reaches:
+                reaches[node] = False
+                stack.append((node, True))
+                stack.extend((c, False) for c in children(node) if c not in reaches)
+    return [reaches[r.edge.node] for r in records]
+
+
+class GhostClipping:
+    """Clipped per-example gradient sums by ghost clipping and book-keeping (Bu et al. 2023).
+
+    Args:
+        model: the network; every trainable parameter must sit in a layer with a rule
+            (:func:`~privacylab.training.dp.ghost.registry.register_rule`).
+        loss_fn: ``loss_fn(outputs, targets) -> (B,)`` per-example losses.
+        thresholds: flat or per-layer clipping thresholds.
+
+    Raises:
+        GhostClippingError: naming the first layer (path and type) that cannot be handled.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        thresholds: ClipThresholds,
+    ) -> None:
+        self.model = model
+        self.loss_fn = loss_fn
+        self.thresholds = thresholds
+        self.layers, problems = ghost_layers(model)
+        if problems:
+            raise GhostClippingError(problems[0])
+
+    def clip(
+        self,
+        inputs: tuple[Tensor, ...],
+        targets: Tensor,
+        into: GradientBuffers | None = None,
+    ) -> ClippedBatch:
+        """Forward, one backward to the layer outputs, norms, factors, clipped sums.
+
+        Args:
+            inputs: the model's positional inputs, batch first.
+            targets: (B, ...) targets for ``loss_fn``.
+            into: buffers to add the clipped sums to (zeros by default); ``grad_sum`` of the
+                result holds them.  Layers are summed in increasing order of parameter count,
+                each buffer created just before its layer's sum and each layer's activations
+                released right after, so the largest buffers appear when the least is held.
+        """
+        batch = inputs[0].shape[0]
+        if into is None:
+            into = GradientBuffers(
+                {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+            )
+        tape = ForwardTape(self.layers, batch)
+        with torch.enable_grad(), tape.recording():
+            outputs = self.model(*inputs)
+            losses = per_example_losses(self.loss_fn, outputs, targets, batch)
+        del outputs
+        states: list[tuple[GhostLayer, LayerGradients]] = []
+        sq_norms: dict[str, Tensor] = {}
+
+        def on_layer(index: int, calls: list[LayerCall]) -> None:
+            layer = self.layers[index]
+            with torch.no_grad():
+                state = layer.rule.rule(layer.module, calls, layer.trainable)
+                calls.clear()
+                for name, value in state.sq_norms().items():
+                    sq_norms[_join(layer.path, name)] = value
+            states.append((layer, state))
+
+        with torch.enable_grad():
+            tape.backward(losses, on_layer)
+        with torch.no_grad():
+            zero = losses.new_zeros(batch)
+            for name in self.thresholds.parameter_names:
+                sq_norms.setdefault(name, zero)
+            norms, coef = self.thresholds.coefficients(sq_norms)
+            states.sort(key=lambda item: item[0].numel, reverse=True)
+            while states:
+                layer, state = states.pop()
+                local = {n: coef[_join(layer.path, n)] for n in layer.trainable}
+                state.clipped_sum(local, {n: into[_join(layer.path, n)] for n in layer.trainable})
+        return ClippedBatch(into.tensors(), norms, losses.detach(), batch)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name

@@ -1,0 +1,435 @@
+"""Ghost-clipping rules for Linear, Conv2d, Embedding, LayerNorm, GroupNorm and RMSNorm.
+
+Notation for one layer and one batch: a ∈ R^{B×T×d} are the layer inputs, g ∈ R^{B×T×p} the
+gradients of Σ_i L_i with respect to the layer outputs (row i depends on example i only), and
+∇_W L_i = g_iᵀ a_i ∈ R^{p×d}.
+
+* Linear without a sequence dimension (T = 1): ‖∇_W L_i‖² = ‖a_i‖²‖g_i‖² and ‖∇_b L_i‖² = ‖g_i‖²
+  (Goodfellow 2015; the T = 1 case of Li et al. 2022, Eq. 3).
+* Linear with a sequence dimension: either the Gram ("ghost norm") form of Li et al. 2022
+  ("Large language models can be strong differentially private learners", Sec. 4, Eq. 3)
+  ‖∇_W L_i‖² = Σ_{t,t'} (a_t·a_t')(g_t·g_t') = ⟨a_i a_iᵀ, g_i g_iᵀ⟩, at O(T²(d+p)) per example;
+  or instantiating ∇_W L_i = g_iᵀ a_i, at O(Tpd).  Bu et al. 2023 ("Differentially private
+  optimization on large model at small cost", Sec. 3, the hybrid "BK-MixOpt") choose per layer
+  between the two.  We instantiate iff ``p·d ≤ T·(d + p)``: that is exactly when instantiating
+  is the faster of the two (Gram time T²(d+p) < instantiation time Tpd ⟺ T(d+p) < pd), and then
+  the B·p·d instantiated gradients are no larger than the activations a_i, g_i they replace, so
+  they are kept and the clipped sum is a weighted reduction of them.  Otherwise the Gram form is
+  used (in batch chunks, so that the B×T×T matrices never all exist at once) and the clipped sum
+  is the book-keeping product Σ_i c_i g_iᵀ a_i = (c ⊙ g)ᵀ a (Bu et al. 2023, Alg. 1, line
+  "weighted sum") — the same cost as the weight gradient of ordinary back-propagation.
+* Conv2d (groups = 1, any stride, padding, dilation, padding mode): the input is unfolded
+  (im2col), which makes the layer a Linear with T = output positions and d = C_in·k_h·k_w
+  (Li et al. 2022, App. F; Bu et al. 2023, Sec. 3.2); same choice as above.  The clipped sum of
+  the Gram branch is one ``conv2d_weight`` call on c-scaled output gradients, so the unfolded
+  input never exists for the whole batch.
+* Embedding: ‖∇_E L_i‖² = Σ_{t,t'} 1[tok_t = tok_t'] g_t·g_t' (Li et al. 2022, App. F), computed
+  as Σ_v ‖Σ_{t: tok_t = v} g_t‖² by grouping equal tokens, O(Td) rather than O(T²d).
+* LayerNorm, GroupNorm, RMSNorm: the per-example weight/bias gradients (Σ over positions of
+  g ⊙ x̂ and of g, with x̂ the normalised input) are small, so they are instantiated directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F  # noqa: N812
+from torch import Tensor, nn
+
+from privacylab.training.dp.ghost.registry import LayerCall, LayerGradients, register_rule
+
+CHUNK_ELEMENTS = 1 << 19
+"""Temporary elements (im2col patches, Gram matrices) a rule materialises at once: 2 MiB in
+float32, so a chunk of examples stays in cache while it is multiplied and reduced."""
+
+
+def _chunks(batch: int, elements_per_example: int) -> Iterator[slice]:
+    step = max(1, CHUNK_ELEMENTS // max(1, elements_per_example))
+    for start in range(0, batch, step):
+        yield slice(start, min(batch, start + step))
+
+
+def _sq(x: Tensor) -> Tensor:
+    """(B, ...) -> (B,) squared L2 norm of each row."""
+    return torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1).square()
+
+
+def add_weighted_sum(out: Tensor, coef: Tensor, per_example: Tensor) -> None:
+    """out += Σ_i coef_i per_example_i, one matrix-vector product over the batch.
+
+    ``per_example`` is contiguous, or a (B, m, n) transpose of a contiguous (B, n, m) tensor.
+    """
+    coef = coef.to(per_example.dtype)
+    batch = per_example.shape[0]
+    if per_example.is_contiguous():
+        flat = per_example.view(batch, -1)
+        if out.is_contiguous():
+            out.view(-1).addmv_(flat.T, coef)
+        else:
+            out.add_((coef @ flat).view(out.shape))
+        return
+    flipped = per_example.transpose(1, 2)
+    out.add_((coef @ flipped.reshape(batch, -1)).view(flipped.shape[1:]).T)
+
+
+def instantiate(p: int, d: int, t: int) -> bool:
+    """Bu et al. 2023 per-layer choice: instantiate per-example grads iff p·d ≤ T·(d+p)."""
+    return p * d <= t * (d + p)
+
+
+class PerExampleGradients(LayerGradients):
+    """Instantiated per-example gradients, (B, *parameter shape) per parameter."""
+
+    def __init__(self, grads: dict[str, Tensor]) -> None:
+        self.grads = grads
+
+    def sq_norms(self) -> dict[str, Tensor]:
+        return {name: _sq(g) for name, g in self.grads.items()}
+
+    def clipped_sum(self, coef: Mapping[str, Tensor], out: Mapping[str, Tensor]) -> None:
+        for name, g in self.grads.items():
+            add_weighted_sum(out[name], coef[name], g)
+        self.grads = {}
+
+
+class LinearGradients(LayerGradients):
+    """nn.Linear on (B, d) inputs: norms from ‖a_i‖²‖g_i‖², sum from (c ⊙ g)ᵀ a."""
+
+    def __init__(self, a: Tensor, g: Tensor, trainable: frozenset[str]) -> None:
+        self.a = a.to(g.dtype)
+        self.g = g
+        self.trainable = trainable
+
+    def sq_norms(self) -> dict[str, Tensor]:
+        g_sq = _sq(self.g)
+        out = {}
+        if "weight" in self.trainable:
+            out["weight"] = _sq(self.a) * g_sq
+        if "bias" in self.trainable:
+            out["bias"] = g_sq
+        return out
+
+    def clipped_sum(self, coef: Mapping[str, Tensor], out: Mapping[str, Tensor]) -> None:
+        if "weight" in self.trainable:
+            out["weight"].addmm_((self.g * coef["weight"][:, None]).T, self.a)
+        if "bias" in self.trainable:
+            out["bias"].addmv_(self.g.T, coef["bias"].to(self.g.dtype))
+        self.a = self.g = None  # type: ignore[assignment]
+
+
+class SequenceLinearGradients(LayerGradients):
+    """nn.Linear on (B, T, d) inputs: Gram-form norms or instantiation, per Bu et al. 2023."""
+
+    def __init__(self, a: Tensor, g: Tensor, trainable: frozenset[str]) -> None:
+        self.a = a.to(g.dtype)
+        self.g = g
+        self.trainable = trainable
+        _, t, d = a.shape
+        self.instantiated = instantiate(g.shape[2], d, t)
+        self.per_example: dict[str, Tensor] = {}
+
+    def sq_norms(self) -> dict[str, Tensor]:
+        a, g = self.a, self.g
+        out = {}
+        if "bias" in self.trainable:
+            self.per_example["bias"] = g.sum(1)
+            out["bias"] = _sq(self.per_example["bias"])
+        if "weight" in self.trainable:
+            if self.instantiated:
+                self.per_example["weight"], out["weight"] = instantiated_sq_norms(a, g)
+            else:
+                out["weight"] = gram_sq_norms(a, g)
+        if "weight" not in self.trainable or self.instantiated:
+            self.a = self.g = None  # type: ignore[assignment]
+        return out
+
+    def clipped_sum(self, coef: Mapping[str, Tensor], out: Mapping[str, Tensor]) -> None:
+        for name, per_example in self.per_example.items():
+            add_weighted_sum(out[name], coef[name], per_example)
+        if self.a is not None:
+            g = (self.g * coef["weight"][:, None, None]).reshape(-1, self.g.shape[2])
+            out["weight"].addmm_(g.T, self.a.reshape(-1, self.a.shape[2]))
+        self.a = self.g = None  # type: ignore[assignment]
+        self.per_example = {}
+
+
+def instantiated_sq_norms(a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-example ∇_W L_i = g_iᵀ a_i, (B, p, d), and their squared norms.
+
+    When d > p the transposes a_iᵀ g_i are formed instead (the faster shape for CPU batched
+    GEMM) and a transposed view is returned.
+    """
+    if a.shape[2] > g.shape[2]:
+        grads = torch.bmm(a.transpose(1, 2), g).transpose(1, 2)
+    else:
+        grads = torch.bmm(g.transpose(1, 2), a)
+    return grads, _sq(grads.transpose(1, 2) if a.shape[2] > g.shape[2] else grads)
+
+
+def gram_sq_norms(a: Tensor, g: Tensor) -> Tensor:
+    """Σ_{t,t'} (a_t·a_t')(g_t·g_t') per example (Li et al. 2022, Eq. 3), in batch chunks.
+
+    Args:
+        a: (B, T, d) layer inputs.
+        g: (B, T, p) output gradients.
+    """
+    batch, t, _ = a.shape
+    out = torch.empty(batch, dtype=g.dtype, device=g.device)
+    for s in _chunks(batch, 2 * t * t):
+        aa = torch.bmm(a[s], a[s].transpose(1, 2))
+        gg = torch.bmm(g[s], g[s].transpose(1, 2))
+        out[s] = (aa * gg).sum((1, 2))
+    return out
+
+
+def _batch_calls(calls: Sequence[LayerCall], feature: int) -> tuple[Tensor, Tensor]:
+    """Concatenate the calls of one layer along a sequence axis: (B, T_total, ·)."""
+    batch = calls[0].activation.shape[0]
+    if len(calls) == 1 and calls[0].activation.dim() == 3:
+        return calls[0].activation, calls[0].backprop
+    a = torch.cat([c.activation.reshape(batch, -1, feature) for c in calls], 1)
+    g = torch.cat([c.backprop.reshape(batch, -1, c.backprop.shape[-1]) for c in calls], 1)
+    return a, g
+
+
+@register_rule(nn.Linear)
+def linear_rule(
+    layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
+) -> LayerGradients:
+    """nn.Linear: Goodfellow's outer-product trick for 2-D inputs, Bu et al. 2023 otherwise."""
+    if len(calls) == 1 and calls[0].activation.dim() == 2:
+        return LinearGradients(calls[0].activation, calls[0].backprop, trainable)
+    a, g = _batch_calls(calls, layer.in_features)
+    return SequenceLinearGradients(a, g, trainable)
+
+
+def _conv_check(layer: nn.Module) -> str | None:
+    if layer.groups != 1:
+        return f"groups={layer.groups} (only groups=1 is supported)"
+    return None
+
+
+def _conv_input(layer: nn.Conv2d, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
+    """The input the convolution really sees, and the zero padding still to apply."""
+    if layer.padding_mode != "zeros":
+        return F.pad(x, layer._reversed_padding_repeated_twice, mode=layer.padding_mode), (0, 0)
+    if isinstance(layer.padding, str):
+        return F.pad(x, layer._reversed_padding_repeated_twice), (0, 0)
+    return x, tuple(layer.padding)  # type: ignore[return-value]
+
+
+def conv_patches(layer: nn.Conv2d, x: Tensor, padding: tuple[int, int], out: Tensor) -> Tensor:
+    """im2col of ``x`` as (b, T, k_h·k_w·C_in), features ordered (k_h, k_w, C_in).
+
+    A strided view of the channels-last input copied once — several times faster on CPU than
+    ``F.unfold``; the (k_h, k_w, C_in) order only matters for instantiated gradients, which are
+    permuted back.  ``out`` is the layer output (or its gradient), for the output size.
+    """
+    if padding != (0, 0):
+        x = F.pad(x, (padding[1], padding[1], padding[0], padding[0]))
+    x = x.permute(0, 2, 3, 1).contiguous()
+    b, _, _, c = x.shape
+    kh, kw = layer.kernel_size
+    sb, sh, sw, sc = x.stride()
+    ho, wo = out.shape[2], out.shape[3]
+    patches = x.as_strided(
+        (b, ho, wo, kh, kw, c),
+        (
+            sb,
+            sh * layer.stride[0],
+            sw * layer.stride[1],
+            sh * layer.dilation[0],
+            sw * layer.dilation[1],
+            sc,
+        ),
+    )
+    return patches.reshape(b, ho * wo, kh * kw * c)
+
+
+class Conv2dGradients(LayerGradients):
+    """nn.Conv2d via im2col (Li et al. 2022, App. F; Bu et al. 2023, Sec. 3.2)."""
+
+    def __init__(self, layer: nn.Conv2d, calls: Sequence[LayerCall], trainable: frozenset[str]):
+        self.layer = layer
+        self.trainable = trainable
+        self.inputs = []
+        for call in calls:
+            x, padding = _conv_input(layer, call.activation.to(call.backprop.dtype))
+            self.inputs.append((x, padding, call.backprop))
+        self.t = sum(g.shape[2] * g.shape[3] for _, _, g in self.inputs)
+        self.d = layer.in_channels * layer.kernel_size[0] * layer.kernel_size[1]
+        self.instantiated = instantiate(layer.out_channels, self.d, self.t)
+        self.per_example: dict[str, Tensor] = {}
+
+    def _unfold(self, s: slice) -> tuple[Tensor, Tensor]:
+        """(b, T, d) patches and (b, T, p) output gradients for examples ``s``."""
+        cols, grads = [], []
+        for x, padding, g in self.inputs:
+            cols.append(conv_patches(self.layer, x[s], padding, g))
+            grads.append(g[s].flatten(2))
+        a = cols[0] if len(cols) == 1 else torch.cat(cols, 1)
+        g = grads[0] if len(grads) == 1 else torch.cat(grads, 2)
+        return a, g.transpose(1, 2)
+
+    def sq_norms(self) -> dict[str, Tensor]:
+        g0 = self.inputs[0][2]
+        batch = g0.shape[0]
+        out = {}
+        if "bias" in self.trainable:
+            self.per_example["bias"] = sum(g.sum((2, 3)) for _, _, g in self.inputs)
+            out["bias"] = _sq(self.per_example["bias"])
+        if "weight" not in self.trainable:
+            self.inputs = []
+            return out
+        p = self.layer.out_channels
+        sq = torch.empty(batch, dtype=g0.dtype, device=g0.device)
+        if self.instantiated:
+            grads = torch.empty(batch, p, self.d, dtype=g0.dtype, device=g0.device)
+            for s in _chunks(batch, self.t * self.d):
+                a, g = self._unfold(s)
+                torch.bmm(g.transpose(1, 2), a, out=grads[s])
+                sq[s] = _sq(grads[s])
+            self.per_example["weight"] = grads
+            self.inputs = []
+        else:
+            for s in _chunks(batch, self.t * self.d):
+                a, g = self._unfold(s)
+                sq[s] = gram_sq_norms(a, g)
+        out["weight"] = sq
+        return out
+
+    def clipped_sum(self, coef: Mapping[str, Tensor], out: Mapping[str, Tensor]) -> None:
+        layer = self.layer
+        if "bias" in self.per_example:
+            add_weighted_sum(out["bias"], coef["bias"], self.per_example["bias"])
+        if "weight" in self.per_example:
+            grads = self.per_example["weight"]
+            p, (kh, kw), c = layer.out_channels, layer.kernel_size, layer.in_channels
+            total = coef["weight"].to(grads.dtype) @ grads.view(grads.shape[0], -1)
+            out["weight"].add_(total.view(p, kh, kw, c).permute(0, 3, 1, 2))
+        for x, padding, g in self.inputs:
+            scaled = g * coef["weight"][:, None, None, None]
+            out["weight"].add_(
+                torch.nn.grad.conv2d_weight(
+                    x, layer.weight.shape, scaled, layer.stride, padding, layer.dilation
+                )
+            )
+        self.inputs = []
+        self.per_example = {}
+
+
+@register_rule(nn.Conv2d, check=_conv_check)
+def conv2d_rule(
+    layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
+) -> LayerGradients:
+    """nn.Conv2d with groups=1: unfold to the sequence-Linear case."""
+    return Conv2dGradients(layer, calls, trainable)  # type: ignore[arg-type]
+
+
+def _embedding_check(layer: nn.Module) -> str | None:
+    if layer.scale_grad_by_freq:
+        return "scale_grad_by_freq=True mixes examples (counts are over the batch)"
+    return None
+
+
+class EmbeddingGradients(LayerGradients):
+    """nn.Embedding: ‖∇_E L_i‖² = Σ_v ‖Σ_{t: tok_t = v} g_t‖² (Li et al. 2022, App. F)."""
+
+    def __init__(self, layer: nn.Embedding, tokens: Tensor, g: Tensor) -> None:
+        batch, t = tokens.shape
+        self.num_embeddings = layer.num_embeddings
+        self.rows = torch.arange(batch, device=tokens.device).repeat_interleave(t)
+        self.tokens = tokens.reshape(-1)
+        self.g = g.reshape(batch * t, -1)
+        if layer.padding_idx is not None:
+            keep = self.tokens != layer.padding_idx
+            self.rows, self.tokens, self.g = self.rows[keep], self.tokens[keep], self.g[keep]
+        self.batch = batch
+
+    def sq_norms(self) -> dict[str, Tensor]:
+        g = self.g
+        keys, inverse = torch.unique(
+            self.rows * self.num_embeddings + self.tokens, return_inverse=True
+        )
+        grouped = torch.zeros(keys.shape[0], g.shape[1], dtype=g.dtype, device=g.device)
+        grouped.index_add_(0, inverse, g)
+        sq = torch.zeros(self.batch, dtype=g.dtype, device=g.device)
+        sq.index_add_(0, keys // self.num_embeddings, _sq(grouped))
+        return {"weight": sq}
+
+    def clipped_sum(self, coef: Mapping[str, Tensor], out: Mapping[str, Tensor]) -> None:
+        scaled = self.g * coef["weight"][self.rows, None].to(self.g.dtype)
+        out["weight"].index_add_(0, self.tokens, scaled)
+        self.g = self.tokens = self.rows = None  # type: ignore[assignment]
+
+
+@register_rule(nn.Embedding, check=_embedding_check)
+def embedding_rule(
+    layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
+) -> LayerGradients:
+    """nn.Embedding: group equal tokens of each example."""
+    batch = calls[0].activation.shape[0]
+    tokens = torch.cat([c.activation.reshape(batch, -1) for c in calls], 1)
+    g = torch.cat([c.backprop.reshape(batch, -1, layer.embedding_dim) for c in calls], 1)
+    return EmbeddingGradients(layer, tokens, g)  # type: ignore[arg-type]
+
+
+def _affine_per_example(
+    calls: Sequence[LayerCall], trainable: frozenset[str], feature_dims: int, normalise
+) -> LayerGradients:
+    """Per-example grads of an elementwise affine after normalisation, summed over calls.
+
+    ``feature_dims`` counts the trailing dimensions that the affine parameters cover when the
+    feature axis is last (LayerNorm, RMSNorm); ``-1`` means the channel axis 1 (GroupNorm).
+    """
+    grads: dict[str, Tensor] = {}
+    for call in calls:
+        x, g = call.activation.to(call.backprop.dtype), call.backprop
+        if feature_dims < 0:
+            dims = tuple(range(2, g.dim()))
+        else:
+            dims = tuple(range(1, g.dim() - feature_dims))
+        parts = {}
+        if "weight" in trainable:
+            prod = normalise(x).mul_(g)
+            parts["weight"] = prod.sum(dims) if dims else prod
+        if "bias" in trainable:
+            parts["bias"] = g.sum(dims) if dims else g
+        for name, value in parts.items():
+            grads[name] = grads[name] + value if name in grads else value
+    return PerExampleGradients(grads)
+
+
+@register_rule(nn.LayerNorm)
+def layer_norm_rule(
+    layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
+) -> LayerGradients:
+    """nn.LayerNorm: ∇_γ L_i = Σ_t g_t ⊙ x̂_t, ∇_β L_i = Σ_t g_t (instantiated)."""
+    shape = tuple(layer.normalized_shape)
+    return _affine_per_example(
+        calls, trainable, len(shape), lambda x: F.layer_norm(x, shape, None, None, layer.eps)
+    )
+
+
+@register_rule(nn.GroupNorm)
+def group_norm_rule(
+    layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
+) -> LayerGradients:
+    """nn.GroupNorm: ∇_γ L_i[c] = Σ_positions g ⊙ x̂, ∇_β L_i[c] = Σ_positions g."""
+    return _affine_per_example(
+        calls, trainable, -1, lambda x: F.group_norm(x, layer.num_groups, None, None, layer.eps)
+    )
+
+
+if hasattr(nn, "RMSNorm"):
+
+    @register_rule(nn.RMSNorm)
+    def rms_norm_rule(
+        layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
+    ) -> LayerGradients:
+        """nn.RMSNorm: ∇_γ L_i = Σ_t g_t ⊙ x_t / rms(x_t)."""
+        shape = tuple(layer.normalized_shape)
+        return _affine_per_example(
+            calls, trainable, len(shape), lambda x: F.rms_norm(x, shape, None, layer.eps)
+        )

@@ -1,0 +1,102 @@
+"""Per-example gradients by ``torch.func``: ``vmap(grad(loss))`` over ``functional_call``.
+
+Works for any layer (buffers and frozen parameters are passed through unchanged).  Following
+Abadi et al. 2016, Alg. 1 ("compute gradient", "clip gradient"), every example's gradient is
+computed, clipped and summed.  The batch is processed in chunks: an example's clipping factor
+depends on its own gradient only, so each chunk's per-example gradients are clipped, summed
+into the result and freed before the next chunk — only ``chunk × #parameters`` numbers exist
+at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from privacylab.training.dp.clipping import ClippedBatch, ClipThresholds, GradientBuffers
+from privacylab.training.dp.ghost.rules import add_weighted_sum
+from privacylab.training.dp.losses import per_example_losses
+
+CHUNK_ELEMENTS = 1 << 24
+"""Per-example gradient numbers held at once when the chunk size is automatic (64 MiB fp32)."""
+
+
+class PerSampleClipping:
+    """Clipped per-example gradient sums from ``torch.func.vmap(torch.func.grad(...))``.
+
+    Args:
+        model: any ``nn.Module`` whose forward treats examples independently.
+        loss_fn: ``loss_fn(outputs, targets) -> (B,)`` per-example losses.
+        thresholds: flat or per-layer clipping thresholds.
+        chunk_size: examples per vmap call; ``None`` picks ``2**24 // #parameters``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[Tensor, Tensor], Tensor],
+        thresholds: ClipThresholds,
+        chunk_size: int | None = None,
+    ) -> None:
+        self.model = model
+        self.loss_fn = loss_fn
+        self.thresholds = thresholds
+        self.chunk_size = chunk_size
+        self._per_example_grad = vmap(
+            grad(self._example_loss, has_aux=True),
+            in_dims=(None, None, 0, 0),
+            randomness="different",
+        )
+
+    def _example_loss(
+        self, params: dict[str, Tensor], rest: dict[str, Tensor], x: tuple[Tensor, ...], y: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        args = tuple(t.unsqueeze(0) for t in x)
+        outputs = functional_call(self.model, {**params, **rest}, args)
+        loss = per_example_losses(self.loss_fn, outputs, y.unsqueeze(0), 1)
+        return loss.sum(), loss.detach().squeeze(0)
+
+    def clip(
+        self,
+        inputs: tuple[Tensor, ...],
+        targets: Tensor,
+        into: GradientBuffers | None = None,
+    ) -> ClippedBatch:
+        """Per-example gradients chunk by chunk, clipped and summed (added to ``into``)."""
+        batch = inputs[0].shape[0]
+        params, rest = {}, {}
+        for name, p in self.model.named_parameters():
+            (params if p.requires_grad else rest)[name] = p.detach()
+        rest.update(self.model.named_buffers())
+        numel = sum(p.numel() for p in params.values())
+        chunk = self.chunk_size or max(1, CHUNK_ELEMENTS // max(1, numel))
+        into = into if into is not None else GradientBuffers(params)
+        grad_sum = into.tensors()
+        norms, losses = [], []
+        with torch.no_grad():
+            for start in range(0, batch, chunk):
+                s = slice(start, start + chunk)
+                with torch.enable_grad():
+                    grads, loss = self._per_example_grad(
+                        params, rest, tuple(t[s] for t in inputs), targets[s]
+                    )
+                sq = {
+                    n: torch.linalg.vector_norm(g.flatten(1), dim=1).square()
+                    for n, g in grads.items()
+                }
+                chunk_norms, coef = self.thresholds.coefficients(sq)
+                for n, g in grads.items():
+                    add_weighted_sum(grad_sum[n], coef[n], g)
+                norms.append(chunk_norms)
+                losses.append(loss)
+                del grads
+        dtype = next(iter(params.values())).dtype if params else torch.float32
+        return ClippedBatch(
+            into.tensors(),
+            torch.cat(norms) if norms else torch.zeros(0, dtype=dtype),
+            torch.cat(losses) if losses else torch.zeros(0, dtype=dtype),
+            batch,
+        )

@@ -1,0 +1,409 @@
+"""The one trainer: ordinary or DP-SGD training, with history, privacy spent and resumable
+checkpoints.
+
+Private training is DP-SGD (Abadi et al. 2016, Alg. 1) through `privacylab.training.dp.DPSGD`
+with Poisson sampling, accounted by `privacylab.accounting`. Leading layers without parameters
+(e.g. a ScatterNet front end, Tramèr & Boneh 2021) are applied once to the whole data set when no
+augmentation is asked for: they are data-independent, so this changes nothing but the cost.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from privacylab.accounting import calibrate_noise_multiplier, dp_sgd, make_accountant, max_steps
+from privacylab.data import Dataset
+from privacylab.training.config import PrivacyConfig, TrainConfig, TrainingError
+from privacylab.training.dp import DPSGD, PoissonSampler, ShuffleSampler, check_no_batch_norm
+from privacylab.training.dp.clipping import split_threshold
+
+CHECKPOINT_FORMAT = "privacylab-checkpoint/1"
+
+
+@dataclass
+class EpochRecord:
+    """Loss and accuracy after one epoch on the members (training data) and non-members."""
+
+    epoch: int
+    train_loss: float
+    train_accuracy: float
+    eval_loss: float | None
+    eval_accuracy: float | None
+    epsilon: float | None = None
+
+
+@dataclass
+class PrivacySpent:
+    """The (ε, δ) certified for the training run, and how it was obtained."""
+
+    epsilon: float
+    delta: float
+    accountant: str
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+    max_grad_norm: float
+    sampling: str
+    note: str | None = None
+
+
+@dataclass
+class TrainResult:
+    """The trained model, its per-epoch history and, when private, the privacy spent."""
+
+    model: nn.Module
+    history: list[EpochRecord] = field(default_factory=list)
+    privacy: PrivacySpent | None = None
+    stopped: str | None = None
+
+    @property
+    def eval_accuracy(self) -> float | None:
+        """Non-member (test) accuracy after the last epoch."""
+        return self.history[-1].eval_accuracy if self.history else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable summary (no weights)."""
+        return {
+            "history": [asdict(r) for r in self.history],
+            "privacy": asdict(self.privacy) if self.privacy else None,
+            "stopped": self.stopped,
+        }
+
+
+def _frozen_prefix(model: nn.Module) -> tuple[nn.Module, nn.Module]:
+    """Split an nn.Sequential into its leading parameter-free deterministic part and the rest."""
+    if not isinstance(model, nn.Sequential):
+        return nn.Identity(), model
+    cut = 0
+    for layer in model:
+        if any(True for _ in layer.parameters()) or isinstance(layer, nn.Dropout):
+            break
+        cut += 1
+    if cut == 0 or cut == len(model):
+        return nn.Identity(), model
+    return model[:cut], model[cut:]
+
+
+@torch.no_grad()
+def _transform(
+    prefix: nn.Module, features: Tensor, device: torch.device, chunk: int = 1024
+) -> Tensor:
+    if isinstance(prefix, nn.Identity):
+        return features.to(device)
+    prefix.eval()
+    return torch.cat(
+        [prefix(features[i : i + chunk].to(device)) for i in range(0, len(features), chunk)]
+    )
+
+
+def _augment(x: Tensor, rotation: float, translation: int, generator: torch.Generator) -> Tensor:
+    """Random rotation (±`rotation` degrees) and translation (±`translation` pixels) per image."""
+    n = x.shape[0]
+    if n == 0:
+        return x
+    angle = (torch.rand(n, generator=generator) * 2 - 1) * math.radians(rotation)
+    shift = (torch.randint(-translation, translation + 1, (n, 2), generator=generator)).float()
+    shift = shift * 2.0 / torch.tensor([x.shape[-1], x.shape[-2]], dtype=torch.float32)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    theta = torch.stack(
+        [torch.stack([cos, -sin, shift[:, 0]], 1), torch.stack([sin, cos, shift[:, 1]], 1)], 1
+    )
+    grid = F.affine_grid(theta.to(x), list(x.shape), align_corners=False)
+    return F.grid_sample(x, grid, align_corners=False, padding_mode="zeros")
+
+
+def _optimizer(params: list[Tensor], config: TrainConfig) -> torch.optim.Optimizer:
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    momentum = config.momentum if config.optimizer == "momentum" else 0.0
+    return torch.optim.SGD(
+        params, lr=config.lr, momentum=momentum, weight_decay=config.weight_decay
+    )
+
+
+def _lr_factor(schedule: str, progress: float) -> float:
+    if schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    if schedule == "step":
+        return 1.0 if progress < 0.5 else 0.1 if progress < 0.75 else 0.01
+    return 1.0
+
+
+@torch.no_grad()
+def _evaluate(model: nn.Module, x: Tensor, y: Tensor, chunk: int = 2048) -> tuple[float, float]:
+    if len(y) == 0:
+        return math.nan, math.nan
+    model.eval()
+    loss, correct = 0.0, 0
+    for i in range(0, len(y), chunk):
+        out = model(x[i : i + chunk])
+        loss += float(F.cross_entropy(out, y[i : i + chunk], reduction="sum"))
+        correct += int((out.argmax(1) == y[i : i + chunk]).sum())
+    return loss / len(y), correct / len(y)
+
+
+class _Checkpoint:
+    """Per-epoch training state in `folder` (safetensors + JSON; nothing is unpickled)."""
+
+    def __init__(self, folder: str | Path | None, config: TrainConfig) -> None:
+        self.folder = Path(folder) if folder is not None else None
+        self.fingerprint = json.dumps(config.to_dict(), sort_keys=True)
+
+    def save(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        state: dict[str, Any],
+        generators: dict[str, torch.Generator],
+    ) -> None:
+        if self.folder is None:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tensors = {
+            f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+        }
+        optim = optimizer.state_dict()
+        plain: dict[str, Any] = {"param_groups": optim["param_groups"], "state": {}}
+        for index, slots in optim["state"].items():
+            plain["state"][str(index)] = {}
+            for key, value in slots.items():
+                if isinstance(value, Tensor):
+                    tensors[f"optim.{index}.{key}"] = value.detach().cpu().contiguous()
+                else:
+                    plain["state"][str(index)][key] = value
+        for name, gen in generators.items():
+            tensors[f"rng.{name}"] = gen.get_state()
+        tmp = self.folder / "checkpoint.safetensors.tmp"
+        save_file(tensors, str(tmp))
+        meta = {
+            "format": CHECKPOINT_FORMAT,
+            "config": self.fingerprint,
+            "state": state,
+            "optimizer": plain,
+        }
+        meta_tmp = self.folder / "checkpoint.json.tmp"
+        meta_tmp.write_text(json.dumps(meta))
+        os.replace(tmp, self.folder / "checkpoint.safetensors")
+        os.replace(meta_tmp, self.folder / "checkpoint.json")
+
+    def load(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        generators: dict[str, torch.Generator],
+    ) -> dict[str, Any] | None:
+        if self.folder is None or not (self.folder / "checkpoint.json").exists():
+            return None
+        try:
+            meta = json.loads((self.folder / "checkpoint.json").read_text())
+            tensors = load_file(str(self.folder / "checkpoint.safetensors"))
+        except (OSError, ValueError) as error:
+            raise TrainingError(f"cannot read the checkpoint in {self.folder}: {error}") from None
+        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("config") != self.fingerprint:
+            raise TrainingError(
+                f"the checkpoint in {self.folder} is for a different training configuration; "
+                "use another output folder or delete it"
+            )
+        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+        plain = meta["optimizer"]
+        state: dict[int, dict[str, Any]] = {}
+        for index, slots in plain["state"].items():
+            state[int(index)] = dict(slots)
+        for key, value in tensors.items():
+            if key.startswith("optim."):
+                _, index, slot = key.split(".", 2)
+                state.setdefault(int(index), {})[slot] = value
+        optimizer.load_state_dict({"state": state, "param_groups": plain["param_groups"]})
+        for name, gen in generators.items():
+            gen.set_state(tensors[f"rng.{name}"])
+        return meta["state"]
+
+
+def train(
+    model: nn.Module,
+    train_data: Dataset,
+    config: TrainConfig | None = None,
+    eval_data: Dataset | None = None,
+    *,
+    checkpoint_dir: str | Path | None = None,
+    progress: Callable[[EpochRecord], None] | None = None,
+) -> TrainResult:
+    """Train `model` on `train_data` (the members) and return it with its history and, when
+    `config.privacy` is set, the (ε, δ) spent by DP-SGD (Abadi et al. 2016, Alg. 1).
+
+    `eval_data` (non-members) is evaluated after each epoch and drives early stopping. With
+    `checkpoint_dir`, the state is saved after every epoch and a re-run resumes from it.
+    """
+    config = (config or TrainConfig()).validate()
+    if len(train_data) == 0:
+        raise TrainingError("the training data is empty")
+    device = torch.device(config.device)
+    privacy = config.privacy
+    if privacy is not None:
+        check_no_batch_norm(model)
+    model.to(device)
+    prefix, body = _frozen_prefix(model) if not config.augmentation else (nn.Identity(), model)
+    x_train = _transform(prefix, train_data.features, device)
+    y_train = train_data.labels.to(device)
+    x_eval = _transform(prefix, eval_data.features, device) if eval_data is not None else None
+    y_eval = eval_data.labels.to(device) if eval_data is not None else None
+
+    n = len(train_data)
+    sample_gen = torch.Generator().manual_seed(config.seed)
+    noise_gen = torch.Generator(device=device).manual_seed(config.seed + 1)
+    aug_gen = torch.Generator().manual_seed(config.seed + 2)
+    params = [p for p in body.parameters() if p.requires_grad]
+    if not params:
+        raise TrainingError("the model has no trainable parameters")
+    optimizer = _optimizer(params, config)
+
+    def per_example_loss(out: Tensor, target: Tensor) -> Tensor:
+        return F.cross_entropy(
+            out, target, reduction="none", label_smoothing=config.label_smoothing
+        )
+
+    engine: DPSGD | None = None
+    sampler: PoissonSampler | ShuffleSampler
+    spent_template: dict[str, Any] = {}
+    step_limit: int | None = None
+    if privacy is None:
+        sampler = ShuffleSampler(n, config.batch_size, generator=sample_gen)
+    else:
+        q = min(1.0, config.batch_size / n)
+        if privacy.sampling == "poisson":
+            sampler = PoissonSampler(n, q, generator=sample_gen)
+        else:
+            sampler = ShuffleSampler(n, config.batch_size, generator=sample_gen)
+        planned = config.epochs * sampler.steps_per_epoch
+        sigma = privacy.noise_multiplier
+        if sigma is None:
+            assert privacy.epsilon is not None
+            sigma = calibrate_noise_multiplier(
+                privacy.epsilon, privacy.delta, q, planned, accountant=privacy.accountant
+            )
+        elif privacy.epsilon is not None:
+            step_limit = max_steps(
+                sigma, q, privacy.epsilon, privacy.delta, privacy.accountant, limit=planned
+            )
+            if step_limit == 0:
+                raise TrainingError(
+                    f"one step with noise multiplier {sigma:g} already exceeds epsilon {privacy.epsilon:g}"
+                )
+        thresholds = None
+        if privacy.per_layer:
+            names = [name for name, p in body.named_parameters() if p.requires_grad]
+            thresholds = split_threshold(names, privacy.max_grad_norm)
+        engine = DPSGD(
+            body,
+            optimizer,
+            per_example_loss,
+            noise_multiplier=sigma,
+            max_grad_norm=privacy.max_grad_norm,
+            expected_batch_size=q * n,
+            clipping=privacy.clipping,  # type: ignore[arg-type]
+            per_layer_thresholds=thresholds,
+            physical_batch_size=privacy.physical_batch_size,
+            secure_noise=privacy.secure_noise,
+            generator=None if privacy.secure_noise else noise_gen,
+        )
+        note = None
+        if not sampler.poisson:
+            note = (
+                "batches were shuffled, not Poisson-sampled: this epsilon is that of Poisson "
+                "sampling with the same rate and is not a proven bound for shuffling"
+            )
+        spent_template = {
+            "delta": privacy.delta,
+            "accountant": privacy.accountant,
+            "noise_multiplier": sigma,
+            "sample_rate": q,
+            "max_grad_norm": privacy.max_grad_norm,
+            "sampling": privacy.sampling,
+            "note": note,
+        }
+
+    def epsilon_after(steps: int) -> float:
+        assert privacy is not None
+        acc = make_accountant(privacy.accountant)
+        acc.compose(
+            dp_sgd(spent_template["noise_multiplier"], spent_template["sample_rate"], steps)
+        )
+        return acc.epsilon(privacy.delta)
+
+    history: list[EpochRecord] = []
+    total_steps = config.epochs * sampler.steps_per_epoch
+    steps, start_epoch, best, waited, stopped = 0, 0, math.inf, 0, None
+    checkpoint = _Checkpoint(checkpoint_dir, config)
+    generators = {"sample": sample_gen, "noise": noise_gen, "augment": aug_gen}
+    resumed = checkpoint.load(body, optimizer, generators)
+    if resumed is not None:
+        steps, start_epoch = resumed["steps"], resumed["epoch"]
+        best, waited, stopped = resumed["best"], resumed["waited"], resumed["stopped"]
+        history = [EpochRecord(**r) for r in resumed["history"]]
+        if engine is not None:
+            engine.steps = steps
+
+    for epoch in range(start_epoch, config.epochs):
+        if stopped:
+            break
+        body.train()
+        for batch in sampler:
+            if step_limit is not None and steps >= step_limit:
+                stopped = "privacy budget spent"
+                break
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr * _lr_factor(config.schedule, steps / total_steps)
+            xb, yb = x_train[batch.to(device)], y_train[batch.to(device)]
+            if config.augmentation and xb.dim() == 4:
+                xb = _augment(xb, config.rotation, config.translation, aug_gen)
+            if engine is not None:
+                engine.step(xb, yb)
+            else:
+                optimizer.zero_grad(set_to_none=True)
+                per_example_loss(body(xb), yb).mean().backward()
+                optimizer.step()
+            steps += 1
+        train_loss, train_acc = _evaluate(body, x_train, y_train)
+        eval_loss, eval_acc = (None, None)
+        if x_eval is not None and y_eval is not None:
+            eval_loss, eval_acc = _evaluate(body, x_eval, y_eval)
+        eps = epsilon_after(steps) if privacy is not None and steps else None
+        record = EpochRecord(epoch + 1, train_loss, train_acc, eval_loss, eval_acc, eps)
+        history.append(record)
+        if progress is not None:
+            progress(record)
+        if config.early_stopping is not None and eval_loss is not None:
+            if eval_loss < best - 1e-6:
+                best, waited = eval_loss, 0
+            else:
+                waited += 1
+                if waited >= config.early_stopping:
+                    stopped = f"early stopping: no better non-member loss for {waited} epochs"
+        state = {
+            "steps": steps,
+            "epoch": epoch + 1,
+            "best": best,
+            "waited": waited,
+            "stopped": stopped,
+            "history": [asdict(r) for r in history],
+        }
+        checkpoint.save(body, optimizer, state, generators)
+
+    spent = None
+    if privacy is not None:
+        spent = PrivacySpent(
+            epsilon=epsilon_after(steps) if steps else 0.0, steps=steps, **spent_template
+        )
+    model.eval()
+    return TrainResult(model=model, history=history, privacy=spent, stopped=stopped)
