@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 from scipy.optimize import brentq
 
 from privacylab.accounting import _validate as check
@@ -64,7 +65,7 @@ def calibrate_noise_multiplier(
     sample_rate: float,
     steps: int,
     accountant: str = "rdp",
-    rtol: float = 1e-4,
+    rtol: float = 1e-3,
 ) -> float:
     """Smallest noise multiplier σ (to relative tolerance `rtol`, rounded up) such that DP-SGD
     with rate q for `steps` steps is (target ε, δ)-DP under the named accountant.
@@ -78,9 +79,13 @@ def calibrate_noise_multiplier(
     t = check.count(steps, "steps")
     make_accountant(accountant)
 
+    seen: dict[float, float] = {}
+
     def gap(log_sigma: float) -> float:
-        eps = dp_sgd_epsilon(math.exp(log_sigma), q, t, d, accountant)
-        return math.log(max(eps, 1e-300)) - math.log(target)
+        if log_sigma not in seen:
+            eps = dp_sgd_epsilon(math.exp(log_sigma), q, t, d, accountant)
+            seen[log_sigma] = math.log(max(eps, 1e-300)) - math.log(target)
+        return seen[log_sigma]
 
     if accountant.lower().startswith("rdp"):
         lo, hi = math.log(0.05), math.log(1.0)
@@ -88,7 +93,7 @@ def calibrate_noise_multiplier(
         # Bracket with the cheap RDP bound first: it is almost always looser, so its σ is
         # (nearly) enough; the slow accountant then only searches a narrow interval.
         rdp_sigma = calibrate_noise_multiplier(target, d, q, t, "rdp", rtol=1e-3)
-        lo, hi = math.log(rdp_sigma * 0.6), math.log(rdp_sigma * 1.01)
+        lo, hi = math.log(rdp_sigma * 0.85), math.log(rdp_sigma * 1.01)
     while gap(hi) > 0:
         lo, hi = hi, hi + math.log(4.0)
         if hi > math.log(1e6):
@@ -96,14 +101,15 @@ def calibrate_noise_multiplier(
                 f"no noise multiplier up to 1e6 reaches epsilon {target:g} at delta {d:g}"
             )
     while gap(lo) <= 0:
-        lo -= math.log(4.0)
+        hi, lo = lo, lo - math.log(2.0)
         if lo < math.log(1e-4):
             return math.exp(lo)
-    root = brentq(gap, lo, hi, xtol=rtol / 4, rtol=1e-12)
-    sigma = math.exp(root)
-    while gap(math.log(sigma)) > 0:
-        sigma *= 1.0 + rtol
-    return sigma
+    xtol = rtol / 2
+    root = brentq(gap, lo, hi, xtol=xtol, rtol=4 * np.finfo(float).eps)
+    log_sigma = min(root + xtol, hi)
+    while gap(log_sigma) > 0:
+        log_sigma += xtol
+    return math.exp(log_sigma)
 
 
 def max_steps(

@@ -50,6 +50,16 @@ def _chunks(batch: int, elements_per_example: int) -> Iterator[slice]:
         yield slice(start, min(batch, start + step))
 
 
+SCALE_CHUNK_ELEMENTS = 1 << 16
+"""Size of the c-scaled copy of output gradients formed at once by the book-keeping sums."""
+
+
+def _rows(total: int, per_row: int) -> Iterator[slice]:
+    step = max(1, SCALE_CHUNK_ELEMENTS // max(1, per_row))
+    for start in range(0, total, step):
+        yield slice(start, min(total, start + step))
+
+
 def _sq(x: Tensor) -> Tensor:
     """(B, ...) -> (B,) squared L2 norm of each row."""
     return torch.linalg.vector_norm(x.reshape(x.shape[0], -1), dim=1).square()
@@ -112,7 +122,9 @@ class LinearGradients(LayerGradients):
 
     def clipped_sum(self, coef: Mapping[str, Tensor], out: Mapping[str, Tensor]) -> None:
         if "weight" in self.trainable:
-            out["weight"].addmm_((self.g * coef["weight"][:, None]).T, self.a)
+            c = coef["weight"].to(self.g.dtype)[:, None]
+            for s in _rows(self.g.shape[0], self.g.shape[1]):
+                out["weight"].addmm_((self.g[s] * c[s]).T, self.a[s])
         if "bias" in self.trainable:
             out["bias"].addmv_(self.g.T, coef["bias"].to(self.g.dtype))
         self.a = self.g = None  # type: ignore[assignment]
@@ -148,8 +160,12 @@ class SequenceLinearGradients(LayerGradients):
         for name, per_example in self.per_example.items():
             add_weighted_sum(out[name], coef[name], per_example)
         if self.a is not None:
-            g = (self.g * coef["weight"][:, None, None]).reshape(-1, self.g.shape[2])
-            out["weight"].addmm_(g.T, self.a.reshape(-1, self.a.shape[2]))
+            t = self.g.shape[1]
+            g = self.g.reshape(-1, self.g.shape[2])
+            a = self.a.reshape(-1, self.a.shape[2])
+            c = coef["weight"].to(g.dtype).repeat_interleave(t)[:, None]
+            for s in _rows(g.shape[0], g.shape[1]):
+                out["weight"].addmm_((g[s] * c[s]).T, a[s])
         self.a = self.g = None  # type: ignore[assignment]
         self.per_example = {}
 
@@ -309,12 +325,18 @@ class Conv2dGradients(LayerGradients):
             total = coef["weight"].to(grads.dtype) @ grads.view(grads.shape[0], -1)
             out["weight"].add_(total.view(p, kh, kw, c).permute(0, 3, 1, 2))
         for x, padding, g in self.inputs:
-            scaled = g * coef["weight"][:, None, None, None]
-            out["weight"].add_(
-                torch.nn.grad.conv2d_weight(
-                    x, layer.weight.shape, scaled, layer.stride, padding, layer.dilation
+            c = coef["weight"].to(g.dtype)[:, None, None, None]
+            for s in _rows(g.shape[0], g[0].numel()):
+                out["weight"].add_(
+                    torch.nn.grad.conv2d_weight(
+                        x[s],
+                        layer.weight.shape,
+                        g[s] * c[s],
+                        layer.stride,
+                        padding,
+                        layer.dilation,
+                    )
                 )
-            )
         self.inputs = []
         self.per_example = {}
 
@@ -359,8 +381,9 @@ class EmbeddingGradients(LayerGradients):
         return {"weight": sq}
 
     def clipped_sum(self, coef: Mapping[str, Tensor], out: Mapping[str, Tensor]) -> None:
-        scaled = self.g * coef["weight"][self.rows, None].to(self.g.dtype)
-        out["weight"].index_add_(0, self.tokens, scaled)
+        c = coef["weight"].to(self.g.dtype)
+        for s in _rows(self.g.shape[0], self.g.shape[1]):
+            out["weight"].index_add_(0, self.tokens[s], self.g[s] * c[self.rows[s], None])
         self.g = self.tokens = self.rows = None  # type: ignore[assignment]
 
 
