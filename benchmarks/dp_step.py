@@ -92,7 +92,11 @@ class Block(nn.Module):
 
 
 class TransformerClassifier(nn.Module):
-    """Token and position embeddings, blocks, LayerNorm, mean pooling, linear head."""
+    """Token and position embeddings, blocks, LayerNorm, mean pooling, linear head.
+
+    Position ids are a contiguous (B, T) tensor: Opacus 1.6's ghost norm for embeddings calls
+    ``.view`` on the ids and fails on an ``expand``-ed (stride-0) one.
+    """
 
     def __init__(
         self, vocab: int = 1000, length: int = 64, dim: int = 64, heads: int = 4, blocks: int = 2
@@ -105,7 +109,7 @@ class TransformerClassifier(nn.Module):
         self.head = nn.Linear(dim, 10)
 
     def forward(self, tokens: Tensor) -> Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens)
+        positions = torch.arange(tokens.shape[1], device=tokens.device).repeat(len(tokens), 1)
         x = self.tokens(tokens) + self.positions(positions)
         return self.head(self.ln(self.blocks(x)).mean(1))
 

@@ -15,9 +15,9 @@ from privacylab.models.registry import (
     register_model,
     unsupported_parameter_modules,
 )
+from privacylab.models.scattering import Scattering2D
 from privacylab.models.spec import ModelSpec
 from privacylab.models.storage import FORMAT, load_model, save_model
-from privacylab.models.scattering import Scattering2D
 from privacylab.models.transformer import TransformerClassifier
 
 __all__ = [

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import pairwise
 
 import torch
 import torch.nn.functional as F
@@ -108,7 +109,7 @@ class Scattering2D(nn.Module):
         return smooth[..., top : top + self.out_size[0], top : top + self.out_size[1]]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, c = x.shape[:2]
+        n = x.shape[0]
         padded = F.pad(
             x,
             (self.pad, self.pad + self.extra[1], self.pad, self.pad + self.extra[0]),
@@ -145,7 +146,7 @@ def scatnet(
         nn.Flatten(),
         nn.LayerNorm(features, elementwise_affine=False),
     ]
-    for fan_in, fan_out in zip(sizes, sizes[1:], strict=False):
+    for fan_in, fan_out in pairwise(sizes):
         layers += [nn.Linear(fan_in, fan_out), _checks.activation(activation, "scatnet")]
     layers.append(nn.Linear(sizes[-1], num_classes))
     return nn.Sequential(*layers)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from privacylab.accounting import calibrate_noise_multiplier, dp_sgd, make_accountant, max_steps
 from privacylab.data import Dataset
-from privacylab.training.config import PrivacyConfig, TrainConfig, TrainingError
+from privacylab.training.config import TrainConfig, TrainingError
 from privacylab.training.dp import DPSGD, PoissonSampler, ShuffleSampler, check_no_batch_norm
 from privacylab.training.dp.clipping import split_threshold
 
@@ -298,7 +298,8 @@ def train(
             )
             if step_limit == 0:
                 raise TrainingError(
-                    f"one step with noise multiplier {sigma:g} already exceeds epsilon {privacy.epsilon:g}"
+                    f"one step with noise multiplier {sigma:g} already exceeds "
+                    f"epsilon {privacy.epsilon:g}"
                 )
         thresholds = None
         if privacy.per_layer:

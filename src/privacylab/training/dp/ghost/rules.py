@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 
 import torch
-import torch.nn.functional as F  # noqa: N812
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from privacylab.training.dp.ghost.registry import LayerCall, LayerGradients, register_rule
@@ -54,8 +54,8 @@ SCALE_CHUNK_ELEMENTS = 1 << 16
 """Size of the c-scaled copy of output gradients formed at once by the book-keeping sums."""
 
 
-def _rows(total: int, per_row: int) -> Iterator[slice]:
-    step = max(1, SCALE_CHUNK_ELEMENTS // max(1, per_row))
+def _rows(total: int, per_row: int, budget: int = SCALE_CHUNK_ELEMENTS) -> Iterator[slice]:
+    step = max(1, budget // max(1, per_row))
     for start in range(0, total, step):
         yield slice(start, min(total, start + step))
 
@@ -326,7 +326,7 @@ class Conv2dGradients(LayerGradients):
             out["weight"].add_(total.view(p, kh, kw, c).permute(0, 3, 1, 2))
         for x, padding, g in self.inputs:
             c = coef["weight"].to(g.dtype)[:, None, None, None]
-            for s in _rows(g.shape[0], g[0].numel()):
+            for s in _rows(g.shape[0], g[0].numel(), 4 * SCALE_CHUNK_ELEMENTS):
                 out["weight"].add_(
                     torch.nn.grad.conv2d_weight(
                         x[s],

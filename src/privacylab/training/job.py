@@ -1,0 +1,70 @@
+"""A whole training run by names: load the data, build the model, train, save — what
+`privacylab train` does, usable from Python too."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from privacylab.data import load_dataset, split_train_test
+from privacylab.models import ModelSpec, build_model, save_model
+from privacylab.training.config import TrainConfig
+from privacylab.training.trainer import EpochRecord, train
+
+
+def train_job(
+    dataset: str,
+    model: str,
+    config: TrainConfig,
+    out: str | Path,
+    *,
+    root: str | Path | None = None,
+    model_options: dict[str, Any] | None = None,
+    progress: Callable[[EpochRecord], None] | None = None,
+) -> dict[str, Any]:
+    """Train `model` on the canonical train part of `dataset`, evaluate on its test part, and
+    save the model (safetensors + JSON sidecar) to `out`; returns the run's summary.
+
+    The state is checkpointed under `out/checkpoint` after each epoch, so a killed run resumes.
+    """
+    config.validate()
+    data = load_dataset(dataset, root)
+    members, nonmembers = split_train_test(data, seed=config.seed)
+    options = dict(model_options or {})
+    spec = ModelSpec(model, members.input_shape, members.num_classes, options)
+    net = build_model(model, members.input_shape, members.num_classes, seed=config.seed, **options)
+    out = Path(out)
+    result = train(
+        net, members, config, nonmembers, checkpoint_dir=out / "checkpoint", progress=progress
+    )
+    last = result.history[-1] if result.history else None
+    privacy = result.privacy
+    summary: dict[str, Any] = {
+        "dataset": data.name,
+        "model": model,
+        "train_size": len(members),
+        "test_size": len(nonmembers),
+        "epochs_run": len(result.history),
+        "train_accuracy": last.train_accuracy if last else None,
+        "test_accuracy": last.eval_accuracy if last else None,
+        "private": privacy is not None,
+        "epsilon": privacy.epsilon if privacy else None,
+        "delta": privacy.delta if privacy else None,
+        "accountant": privacy.accountant if privacy else None,
+        "noise_multiplier": privacy.noise_multiplier if privacy else None,
+        "sample_rate": privacy.sample_rate if privacy else None,
+        "steps": privacy.steps if privacy else None,
+        "max_grad_norm": privacy.max_grad_norm if privacy else None,
+        "note": privacy.note if privacy else None,
+        "stopped": result.stopped,
+        "out": str(out),
+    }
+    metadata = {
+        "data": {"name": data.name, "train_size": len(members), "test_size": len(nonmembers)},
+        "training": config.to_dict(),
+        "result": result.to_dict(),
+        "summary": summary,
+    }
+    save_model(net, out, spec, metadata)
+    return summary
