@@ -50,7 +50,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F  # noqa: N812
+from torch.nn import functional as F
 
 BATCH = 256
 SIGMA = 1.0

@@ -135,7 +135,7 @@ def test_bad_config_is_one_line(config: TrainConfig, message: str) -> None:
 def test_train_job_saves_a_loadable_model(tmp_path) -> None:
     cfg = TrainConfig(epochs=2, batch_size=128, lr=0.5, privacy=PrivacyConfig(epsilon=4.0))
     summary = train_job("digits", "logreg", cfg, tmp_path / "run")
-    model, spec, metadata = load_model(tmp_path / "run")
+    _, spec, metadata = load_model(tmp_path / "run")
     assert spec.name == "logreg"
     assert metadata["summary"]["epsilon"] == pytest.approx(summary["epsilon"])
     assert summary["epsilon"] <= 4.0 and summary["test_accuracy"] > 0.3

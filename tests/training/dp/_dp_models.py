@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
-from torch.nn import functional as F  # noqa: N812
+from torch.nn import functional as F
 
 
 def cross_entropy(outputs: Tensor, targets: Tensor) -> Tensor:

@@ -1,24 +1,30 @@
 """Ghost clipping with book-keeping: clipped gradient sums from one forward and one backward.
 
-Algorithm (Bu et al. 2023, "Differentially private optimization on large model at small cost",
-Alg. 1 "BK"; norms by Li et al. 2022 ghost clipping):
+Algorithm (the book-keeping "BK" algorithm of Bu et al. 2023, "Differentially private
+optimization on large model at small cost"; norms by the ghost clipping of Li et al. 2022):
 
-1. Forward pass; forward hooks record, for every layer that has trainable parameters, its input
-   a and the autograd edge of its output.
-2. One backward pass ``torch.autograd.grad(Σ_i L_i, output edges)``.  Autograd only computes
-   gradients with respect to the recorded layer outputs: no weight gradient is formed, because
-   no weight is among the requested inputs.  The edges are taken when the layer runs, so an
-   in-place operation applied to an output later (``ReLU(inplace=True)``) does not change which
-   gradient is captured.
-3. Each layer's registered rule gives per-example squared norms; the clipping factors c_i
-   follow (flat or per-layer, :mod:`privacylab.training.dp.clipping`).
-4. Each rule forms Σ_i c_i ∇L_i from what it kept (a, g, or instantiated per-example grads) —
-   no second backward pass.
+1. Forward pass; forward hooks record, for every layer that has trainable parameters, its
+   input a and the autograd edge of its output (taken when the layer runs, so an in-place op
+   applied to the output later, e.g. ``ReLU(inplace=True)``, does not change what is captured).
+2. One backward pass that forms no parameter gradient: ``torch.autograd.grad`` is asked only
+   for the gradients of the recorded outputs that have no recorded layer upstream; every other
+   recorded output's gradient g is read by a pre-hook on its autograd node as the pass goes by.
+   As soon as all calls of a layer have their g, the layer's registered rule computes its
+   per-example squared norms — during the backward pass, so that activations replaced by
+   instantiated per-example gradients are released early.
+3. The clipping factors c_i follow from the norms (flat or per-layer,
+   :mod:`privacylab.training.dp.clipping`).
+4. Each rule adds Σ_i c_i ∇L_i to its parameters' buffers from what it kept (a and g, or
+   instantiated per-example gradients) — no second backward pass (Li et al.'s ghost clipping
+   needs one; book-keeping does not).
 
-Requirements, checked when the clipper is built: every trainable parameter belongs to a layer
-with a rule, is used through that layer's ``forward`` only, and is not shared between layers
-(tied weights).  The loss is a sum of per-example losses and nothing in the model mixes
-examples (BatchNorm is rejected by the engine), so row i of an output gradient is ∂L_i/∂out_i.
+Requirements, checked when the clipper is built or run: every trainable parameter belongs to a
+layer with a rule, is used only through that layer's ``forward`` and is not shared between
+layers (tied weights), and every layer sees the batch in dimension 0.  The loss is a sum of
+per-example losses and no operation mixes examples (BatchNorm is rejected by the engine), so row
+i of an output gradient is ∂L_i/∂out_i.  A parameter used outside its layer's ``forward`` (e.g.
+``F.linear(h, self.embed.weight)``) cannot be detected and would be clipped wrongly: use
+``per_sample`` for such models.
 """
 
 from __future__ import annotations

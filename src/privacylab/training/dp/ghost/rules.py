@@ -4,29 +4,34 @@ Notation for one layer and one batch: a ∈ R^{B×T×d} are the layer inputs, g 
 gradients of Σ_i L_i with respect to the layer outputs (row i depends on example i only), and
 ∇_W L_i = g_iᵀ a_i ∈ R^{p×d}.
 
-* Linear without a sequence dimension (T = 1): ‖∇_W L_i‖² = ‖a_i‖²‖g_i‖² and ‖∇_b L_i‖² = ‖g_i‖²
-  (Goodfellow 2015; the T = 1 case of Li et al. 2022, Eq. 3).
-* Linear with a sequence dimension: either the Gram ("ghost norm") form of Li et al. 2022
-  ("Large language models can be strong differentially private learners", Sec. 4, Eq. 3)
-  ‖∇_W L_i‖² = Σ_{t,t'} (a_t·a_t')(g_t·g_t') = ⟨a_i a_iᵀ, g_i g_iᵀ⟩, at O(T²(d+p)) per example;
-  or instantiating ∇_W L_i = g_iᵀ a_i, at O(Tpd).  Bu et al. 2023 ("Differentially private
-  optimization on large model at small cost", Sec. 3, the hybrid "BK-MixOpt") choose per layer
-  between the two.  We instantiate iff ``p·d ≤ T·(d + p)``: that is exactly when instantiating
-  is the faster of the two (Gram time T²(d+p) < instantiation time Tpd ⟺ T(d+p) < pd), and then
-  the B·p·d instantiated gradients are no larger than the activations a_i, g_i they replace, so
-  they are kept and the clipped sum is a weighted reduction of them.  Otherwise the Gram form is
-  used (in batch chunks, so that the B×T×T matrices never all exist at once) and the clipped sum
-  is the book-keeping product Σ_i c_i g_iᵀ a_i = (c ⊙ g)ᵀ a (Bu et al. 2023, Alg. 1, line
-  "weighted sum") — the same cost as the weight gradient of ordinary back-propagation.
-* Conv2d (groups = 1, any stride, padding, dilation, padding mode): the input is unfolded
-  (im2col), which makes the layer a Linear with T = output positions and d = C_in·k_h·k_w
-  (Li et al. 2022, App. F; Bu et al. 2023, Sec. 3.2); same choice as above.  The clipped sum of
-  the Gram branch is one ``conv2d_weight`` call on c-scaled output gradients, so the unfolded
-  input never exists for the whole batch.
-* Embedding: ‖∇_E L_i‖² = Σ_{t,t'} 1[tok_t = tok_t'] g_t·g_t' (Li et al. 2022, App. F), computed
-  as Σ_v ‖Σ_{t: tok_t = v} g_t‖² by grouping equal tokens, O(Td) rather than O(T²d).
+* Linear without a sequence dimension (T = 1): ‖∇_W L_i‖² = ‖a_i‖²‖g_i‖², ‖∇_b L_i‖² = ‖g_i‖²
+  (Goodfellow 2015, "Efficient per-example gradient computations"); the clipped sum is the
+  book-keeping product Σ_i c_i g_iᵀ a_i = (c ⊙ g)ᵀ a (Bu et al. 2023, "Differentially private
+  optimization on large model at small cost", book-keeping algorithm) — one GEMM, the cost of
+  the weight gradient of ordinary back-propagation.
+* Linear with a sequence dimension, per layer one of:
+  - ghost norm (Li et al. 2022, "Large language models can be strong differentially private
+    learners", ghost clipping): ‖∇_W L_i‖²_F = vec(a_i a_iᵀ)ᵀ vec(g_i g_iᵀ)
+    = Σ_{t,t'} (a_t·a_t')(g_t·g_t'), time O(T²(d+p)) per example, then the book-keeping GEMM
+    above for the sum (time O(Tpd));
+  - instantiation: ∇_W L_i = g_iᵀ a_i by batched GEMM, time O(Tpd), kept, so that the clipped
+    sum is a weighted reduction of them (time O(pd)) and a_i, g_i can be released at once.
+  Bu et al. 2023 (hybrid book-keeping) pick per layer by memory, ghost norm iff 2T² < pd.  We
+  instantiate iff p·d ≤ T·(d + p): then instantiation is the faster branch (ghost norm time
+  T²(d+p) ≥ instantiation time Tpd) and the B·p·d numbers kept are no more than the B·T·(d+p)
+  activations and output gradients they replace, so memory never grows either.  The Gram
+  matrices are formed a chunk of examples at a time.
+* Conv2d (groups = 1, any stride, padding, dilation, padding mode): im2col makes the layer a
+  Linear with T = output positions and d = C_in·k_h·k_w (Bu et al. 2022, "Scalable and efficient
+  training of large convolutional neural networks with differential privacy", mixed ghost
+  clipping); same per-layer choice.  The patches are a strided view of the channels-last input
+  copied one chunk of examples at a time (several times faster on CPU than ``F.unfold``), and
+  the clipped sum of the ghost-norm branch is one ``conv2d_weight`` call on c-scaled output
+  gradients, so patches never exist for the whole batch.
+* Embedding: ‖∇_E L_i‖² = Σ_{t,t'} 1[tok_t = tok_t'] g_t·g_t' (Li et al. 2022), evaluated as
+  Σ_v ‖Σ_{t: tok_t = v} g_t‖² by grouping equal tokens — O(Td) rather than O(T²d).
 * LayerNorm, GroupNorm, RMSNorm: the per-example weight/bias gradients (Σ over positions of
-  g ⊙ x̂ and of g, with x̂ the normalised input) are small, so they are instantiated directly.
+  g ⊙ x̂ and of g, x̂ the normalised input) are small and instantiated directly.
 """
 
 from __future__ import annotations
