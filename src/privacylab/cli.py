@@ -506,6 +506,9 @@ def train_command(
     activation: Annotated[
         str | None, typer.Option("--activation", help="relu, tanh or sigmoid.")
     ] = None,
+    norm: Annotated[
+        str | None, typer.Option("--norm", help="cnn normalisation: group (BatchNorm is refused).")
+    ] = None,
     dp: Annotated[bool, typer.Option("--dp", help="Train with DP-SGD.")] = False,
     epsilon: Annotated[
         float | None, typer.Option("--epsilon", help="Target ε (σ is calibrated).")
@@ -564,6 +567,8 @@ def train_command(
             options["widths"] = w
         if activation is not None:
             options["activation"] = activation
+        if norm is not None:
+            options["norm"] = norm
         console = _stderr()
 
         def report(record: Any) -> None:

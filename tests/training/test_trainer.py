@@ -179,6 +179,7 @@ def test_cli_train_json(tmp_path) -> None:
         ["--dataset", "imagenet"],
         ["--epsilon", "1"],
         ["--dp", "--epsilon", "1", "--clipping", "magic"],
+        ["--dp", "--epsilon", "1", "--model", "cnn", "--dataset", "mnist5k", "--norm", "batch"],
     ],
 )
 def test_cli_train_bad_input(tmp_path, extra: list[str]) -> None:

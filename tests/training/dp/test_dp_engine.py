@@ -237,6 +237,37 @@ def test_tied_weights_and_grouped_conv_need_per_sample() -> None:
         assert _engine(grouped, clipping="auto").clipping == "per_sample"
 
 
+class TiedOutput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(7, 5)
+        self.unused = nn.Linear(5, 5)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return nn.functional.linear(self.embed(tokens).mean(1), self.embed.weight)
+
+
+def test_parameter_used_outside_its_layer_is_an_error_for_ghost() -> None:
+    x, y = torch.randint(0, 7, (4, 3)), torch.randint(0, 7, (4,))
+    with pytest.raises(GhostClippingError, match=r"embed\.weight is used outside"):
+        _engine(TiedOutput(), clipping="ghost").step(x, y)
+    model = TiedOutput()
+    before = copy.deepcopy(model)
+    _engine(model, clipping="per_sample").step(x, y)
+    assert torch.equal(model.unused.weight, before.unused.weight)
+    assert not torch.equal(model.embed.weight, before.embed.weight)
+
+
+def test_layer_not_called_gets_zero_clipped_sum() -> None:
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 3))
+    model.forward = lambda x: model[0](x)
+    engine = _engine(model, clipping="ghost")
+    batch = engine.clipped_batch(torch.randn(5, 4), torch.randint(0, 3, (5,)))
+    assert (
+        batch.grad_sum["1.weight"].abs().sum() == 0 and batch.grad_sum["0.weight"].abs().sum() > 0
+    )
+
+
 def test_unbatched_layer_call_is_an_error_for_ghost() -> None:
     class Positions(nn.Module):
         def __init__(self) -> None:
@@ -251,6 +282,11 @@ def test_unbatched_layer_call_is_an_error_for_ghost() -> None:
     with pytest.raises(GhostClippingError, match="batch-first"):
         _engine(Positions(), clipping="ghost").step(x, y)
     _engine(Positions(), clipping="per_sample").step(x, y)
+    engine = _engine(Positions(), clipping="auto")
+    assert engine.clipping == "ghost"
+    with pytest.warns(UserWarning, match="switches to per_sample"):
+        assert engine.step(x, y).batch_size == 4
+    assert engine.clipping == "per_sample" and engine.steps == 1
 
 
 @pytest.mark.parametrize("clipping", STRATEGIES)

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from privacylab.training.dp.clipping import ClippedBatch, ClipThresholds, GradientBuffers
-from privacylab.training.dp.errors import DPSGDError
+from privacylab.training.dp.errors import DPSGDError, GhostClippingError
 from privacylab.training.dp.ghost.clipper import GhostClipping, describe, ghost_layers
 from privacylab.training.dp.noise import GaussianNoise
 from privacylab.training.dp.per_sample import PerSampleClipping
@@ -115,7 +115,9 @@ class DPSGD:
         expected_batch_size: the fixed denominator L = q·N of Alg. 1.
         clipping: ``"ghost"`` (ghost clipping with book-keeping; errors on a layer without a
             rule), ``"per_sample"`` (``torch.func`` vmap, any layer) or ``"auto"`` (ghost if
-            possible, else per_sample for the whole model, with one warning).
+            possible, else per_sample for the whole model, with one warning — also when ghost
+            clipping meets a problem only visible while running, such as a layer called on an
+            unbatched tensor; ``engine.clipping`` tells which is in use).
         per_layer_thresholds: ``None`` for flat clipping, else per-parameter thresholds C_k
             (mapping name -> C_k, or a sequence in ``named_parameters`` order) with
             ‖(C_k)‖₂ = max_grad_norm (McMahan et al. 2018); see :func:`split_threshold`.
@@ -173,6 +175,7 @@ class DPSGD:
         self.max_grad_norm = self.thresholds.max_grad_norm
         self.physical_batch_size = physical_batch_size
         self.noise = GaussianNoise(generator, secure=secure_noise)
+        self._auto = clipping == "auto"
         self.clipping = self._resolve(clipping)
         self._clipper: GhostClipping | PerSampleClipping
         if self.clipping == "ghost":
@@ -223,6 +226,23 @@ class DPSGD:
             p = next(iter(self.params.values()))
             empty = torch.zeros(0, dtype=p.dtype, device=p.device)
             return ClippedBatch(into.tensors(), empty, empty.clone(), 0)
+        try:
+            return self._clip_batch(inputs, y, into)
+        except GhostClippingError as error:
+            if not (self._auto and self.clipping == "ghost"):
+                raise
+            warnings.warn(
+                f"clipping='auto' switches to per_sample for the whole model: {error}",
+                stacklevel=3,
+            )
+            self.clipping = "per_sample"
+            self._clipper = PerSampleClipping(self.model, self.loss_fn, self.thresholds)
+            return self._clip_batch(inputs, y, GradientBuffers(self.params, into.init))
+
+    def _clip_batch(
+        self, inputs: tuple[Tensor, ...], y: Tensor, into: GradientBuffers
+    ) -> ClippedBatch:
+        batch = int(y.shape[0])
         size = self.physical_batch_size or batch
         if size >= batch:
             return self._clipper.clip(inputs, y, into)

@@ -202,9 +202,18 @@ class ForwardTape:
             if len(calls) == expected[record.layer]:
                 on_layer(record.layer, pending.pop(record.layer))
 
+        if not losses.requires_grad:
+            for record in records:
+                deliver(record, None)
+            return
+        reaches, uses = _walk(losses.grad_fn, {r.edge.node for r in records})
+        self._check_parameter_uses(uses, expected)
         terminal = []
-        for record, upstream in zip(records, _feeds_from_recorded(records), strict=True):
-            if not upstream:
+        for record in records:
+            node = record.edge.node
+            if node not in reaches:
+                continue
+            if not reaches[node]:
                 terminal.append(record)
                 continue
             output_nr = record.edge.output_nr
@@ -212,7 +221,7 @@ class ForwardTape:
             def prehook(grads: tuple, record: _Record = record, output_nr: int = output_nr):
                 deliver(record, grads[output_nr])
 
-            record.edge.node.register_prehook(prehook)
+            node.register_prehook(prehook)
         grads = torch.autograd.grad(losses.sum(), [r.edge for r in terminal], allow_unused=True)
         for record, grad in zip(terminal, grads, strict=True):
             deliver(record, grad)
@@ -220,29 +229,44 @@ class ForwardTape:
         for record in records:
             deliver(record, None)
 
+    def _check_parameter_uses(self, uses: dict[int, int], calls: Counter) -> None:
+        """Each parameter must reach the loss only through its own layer's calls."""
+        for index, layer in enumerate(self.layers):
+            for name, param in layer.module.named_parameters(recurse=False):
+                if name in layer.trainable and uses.get(id(param), 0) > calls[index]:
+                    full = f"{layer.path}.{name}" if layer.path else name
+                    raise GhostClippingError(
+                        f"parameter {full} is used outside the forward of its layer "
+                        f"{describe(layer.path, layer.module)} (e.g. tied weights used through "
+                        "a functional call); ghost clipping cannot see that use — use "
+                        "clipping='per_sample'"
+                    )
 
-def _feeds_from_recorded(records: Sequence[_Record]) -> list[bool]:
-    """For each record: does another recorded layer output lie upstream of it in the graph?
 
-    One iterative post-order walk of the autograd graph (a DAG), memoised across records.
+def _walk(root: object, recorded: set[object]) -> tuple[dict[object, bool], dict[int, int]]:
+    """One iterative post-order walk of the autograd graph (a DAG) from the loss.
+
+    Returns, for every node reached, whether a recorded node lies strictly below it (upstream in
+    the forward pass), and for every parameter, how many graph edges lead to its
+    ``AccumulateGrad`` node (one per use).
     """
-    recorded = {r.edge.node for r in records}
     reaches: dict[object, bool] = {}
-
-    def children(node: object) -> list[object]:
-        return [child for child, _ in node.next_functions if child is not None]
-
-    for record in records:
-        stack: list[tuple[object, bool]] = [(record.edge.node, False)]
-        while stack:
-            node, expanded = stack.pop()
-            if expanded:
-                reaches[node] = any(c in recorded or reaches.get(c, False) for c in children(node))
-            elif node not in reaches:
-                reaches[node] = False
-                stack.append((node, True))
-                stack.extend((c, False) for c in children(node) if c not in reaches)
-    return [reaches[r.edge.node] for r in records]
+    uses: dict[int, int] = {}
+    stack: list[tuple[object, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        children = [child for child, _ in node.next_functions if child is not None]
+        if expanded:
+            reaches[node] = any(c in recorded or reaches.get(c, False) for c in children)
+            for child in children:
+                variable = getattr(child, "variable", None)
+                if variable is not None:
+                    uses[id(variable)] = uses.get(id(variable), 0) + 1
+        elif node not in reaches:
+            reaches[node] = False
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if c not in reaches)
+    return reaches, uses
 
 
 class GhostClipping:

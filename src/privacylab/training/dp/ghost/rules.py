@@ -73,7 +73,8 @@ def _sq(x: Tensor) -> Tensor:
 def add_weighted_sum(out: Tensor, coef: Tensor, per_example: Tensor) -> None:
     """out += Σ_i coef_i per_example_i, one matrix-vector product over the batch.
 
-    ``per_example`` is contiguous, or a (B, m, n) transpose of a contiguous (B, n, m) tensor.
+    Contiguous ``per_example`` tensors and (B, m, n) transposes of contiguous (B, n, m) ones
+    are reduced without a copy.
     """
     coef = coef.to(per_example.dtype)
     batch = per_example.shape[0]
@@ -84,8 +85,11 @@ def add_weighted_sum(out: Tensor, coef: Tensor, per_example: Tensor) -> None:
         else:
             out.add_((coef @ flat).view(out.shape))
         return
-    flipped = per_example.transpose(1, 2)
-    out.add_((coef @ flipped.reshape(batch, -1)).view(flipped.shape[1:]).T)
+    if per_example.dim() == 3 and per_example.transpose(1, 2).is_contiguous():
+        flipped = per_example.transpose(1, 2)
+        out.add_((coef @ flipped.reshape(batch, -1)).view(flipped.shape[1:]).T)
+        return
+    out.add_(torch.tensordot(coef, per_example, dims=1))
 
 
 def instantiate(p: int, d: int, t: int) -> bool:
