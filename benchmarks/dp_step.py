@@ -19,7 +19,8 @@ so page faults count) — with one thread this equals the wall-clock time on an 
 unlike wall-clock time it is not inflated by other programs sharing the cores; ``--wall``
 measures wall-clock time instead.  ``noise_ms`` is the time to draw the N(0, σ²C²) noise for all
 parameters alone: part of every DP step, and the floor of the DP overhead for models with many
-parameters per unit of compute (the MLP).
+parameters per unit of compute (the MLP); ``ghost_ratio_excl_noise`` is
+``(ghost_ms − noise_ms) / plain_ms``, the cost of ghost clipping itself.
 
 Peak memory: torch's CPU allocator bypasses ``tracemalloc``, so memory is the resident set
 size.  Each (model, method) runs in a fresh subprocess with ``MALLOC_MMAP_THRESHOLD_=65536`` (so
@@ -254,6 +255,9 @@ def time_methods(
         value = result.get(f"{method}_ms")
         result[f"{method}_ratio"] = None if value is None else round(value / plain, 3)
     result["noise_ms"] = round(noise_time(model, repeats, clock), 3)
+    if result.get("ghost_ms") is not None:
+        excl = (result["ghost_ms"] - result["noise_ms"]) / plain
+        result["ghost_ratio_excl_noise"] = round(excl, 3)
     return result
 
 
@@ -337,13 +341,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    columns = ["plain_ms", *[f"{m}_ratio" for m in METHODS[1:]], "noise_ms"]
+    columns = [
+        "plain_ms",
+        *[f"{m}_ratio" for m in METHODS[1:]],
+        "noise_ms",
+        "ghost_ratio_excl_noise",
+    ]
     if not args.no_memory:
         columns += ["peak_mem_ratio_ghost", "peak_mem_ratio_per_sample"]
-    print(f"{'model':<12}" + "".join(f"{c:>22}" for c in columns))
+    width = max(len(c) for c in columns) + 2
+    print(f"{'model':<12}" + "".join(f"{c:>{width}}" for c in columns))
     for name, result in report.items():
         cells = [result.get(c) for c in columns]
-        print(f"{name:<12}" + "".join(f"{'-' if v is None else v:>22}" for v in cells))
+        print(f"{name:<12}" + "".join(f"{'-' if v is None else v:>{width}}" for v in cells))
         for key, value in result.items():
             if key.endswith("_error"):
                 print(f"  {key}: {value}")

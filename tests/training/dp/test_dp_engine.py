@@ -258,6 +258,23 @@ def test_parameter_used_outside_its_layer_is_an_error_for_ghost() -> None:
     assert not torch.equal(model.embed.weight, before.embed.weight)
 
 
+def test_layer_input_modified_in_place_is_an_error_for_ghost() -> None:
+    class Sneaky(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.first = nn.Linear(4, 4)
+            self.second = nn.Linear(4, 3)
+
+        def forward(self, x: Tensor) -> Tensor:
+            h = self.first(x)
+            out = self.second(h)
+            h.mul_(2.0)
+            return out
+
+    with pytest.raises(GhostClippingError, match=r"'second' \(Linear\) was modified in place"):
+        _engine(Sneaky(), clipping="ghost").step(torch.randn(5, 4), torch.randint(0, 3, (5,)))
+
+
 def test_layer_not_called_gets_zero_clipped_sum() -> None:
     model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 3))
     model.forward = lambda x: model[0](x)

@@ -4,7 +4,12 @@ Abadi et al. 2016, Alg. 1, with ghost clipping (Li et al. 2022) and book-keeping
 2023) for the per-example norms and clipped sums, and per-layer clipping (McMahan et al. 2018).
 """
 
-from privacylab.training.dp.clipping import ClippedBatch, ClipThresholds, split_threshold
+from privacylab.training.dp.clipping import (
+    ClippedBatch,
+    ClipThresholds,
+    GradientBuffers,
+    split_threshold,
+)
 from privacylab.training.dp.engine import (
     DPSGD,
     STRATEGIES,
@@ -34,6 +39,7 @@ __all__ = [
     "GaussianNoise",
     "GhostClipping",
     "GhostClippingError",
+    "GradientBuffers",
     "LayerCall",
     "LayerGradients",
     "PerExampleGradients",

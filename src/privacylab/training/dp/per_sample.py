@@ -26,7 +26,8 @@ so that a chunk's gradients are still in the last-level cache when they are redu
 summed (measured: 1.5× faster than 64 MiB chunks for the 535k-parameter MLP)."""
 
 MIN_CHUNK = 16
-"""Fewest examples per vmap call: each call has a fixed tracing cost."""
+"""Fewest examples per vmap call (each call has a fixed tracing cost), unless that would hold
+more than 4 × ``CHUNK_ELEMENTS`` numbers."""
 
 
 class PerSampleClipping:
@@ -36,7 +37,8 @@ class PerSampleClipping:
         model: any ``nn.Module`` whose forward treats examples independently.
         loss_fn: ``loss_fn(outputs, targets) -> (B,)`` per-example losses.
         thresholds: flat or per-layer clipping thresholds.
-        chunk_size: examples per vmap call; ``None`` picks ``max(16, 2**22 // #parameters)``.
+        chunk_size: examples per vmap call; ``None`` picks about ``2**22 // #parameters``
+            (see ``CHUNK_ELEMENTS`` and ``MIN_CHUNK``).
     """
 
     def __init__(
@@ -77,7 +79,10 @@ class PerSampleClipping:
             (params if p.requires_grad else rest)[name] = p.detach()
         rest.update(self.model.named_buffers())
         numel = sum(p.numel() for p in params.values())
-        chunk = self.chunk_size or max(MIN_CHUNK, CHUNK_ELEMENTS // max(1, numel))
+        numel = max(1, numel)
+        chunk = self.chunk_size or max(
+            1, CHUNK_ELEMENTS // numel, min(MIN_CHUNK, 4 * CHUNK_ELEMENTS // numel)
+        )
         into = into if into is not None else GradientBuffers(params)
         grad_sum = into.tensors()
         norms, losses = [], []

@@ -19,8 +19,8 @@ gradients of Σ_i L_i with respect to the layer outputs (row i depends on exampl
   Bu et al. 2023 (hybrid book-keeping) pick per layer by memory, ghost norm iff 2T² < pd.  We
   instantiate iff p·d ≤ T·(d + p): then instantiation is the faster branch (ghost norm time
   T²(d+p) ≥ instantiation time Tpd) and the B·p·d numbers kept are no more than the B·T·(d+p)
-  activations and output gradients they replace, so memory never grows either.  The Gram
-  matrices are formed a chunk of examples at a time.
+  activations and output gradients they replace (released unless another layer shares them).
+  The Gram matrices are formed a chunk of examples at a time.
 * Conv2d (groups = 1, any stride, padding, dilation, padding mode): im2col makes the layer a
   Linear with T = output positions and d = C_in·k_h·k_w (Bu et al. 2022, "Scalable and efficient
   training of large convolutional neural networks with differential privacy", mixed ghost
@@ -93,7 +93,7 @@ def add_weighted_sum(out: Tensor, coef: Tensor, per_example: Tensor) -> None:
 
 
 def instantiate(p: int, d: int, t: int) -> bool:
-    """Bu et al. 2023 per-layer choice: instantiate per-example grads iff p·d ≤ T·(d+p)."""
+    """Per-layer choice of the module docstring: instantiate per-example grads iff pd ≤ T(d+p)."""
     return p * d <= t * (d + p)
 
 
@@ -186,14 +186,14 @@ def instantiated_sq_norms(a: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
     GEMM) and a transposed view is returned.
     """
     if a.shape[2] > g.shape[2]:
-        grads = torch.bmm(a.transpose(1, 2), g).transpose(1, 2)
-    else:
-        grads = torch.bmm(g.transpose(1, 2), a)
-    return grads, _sq(grads.transpose(1, 2) if a.shape[2] > g.shape[2] else grads)
+        transposed = torch.bmm(a.transpose(1, 2), g)
+        return transposed.transpose(1, 2), _sq(transposed)
+    grads = torch.bmm(g.transpose(1, 2), a)
+    return grads, _sq(grads)
 
 
 def gram_sq_norms(a: Tensor, g: Tensor) -> Tensor:
-    """Σ_{t,t'} (a_t·a_t')(g_t·g_t') per example (Li et al. 2022, Eq. 3), in batch chunks.
+    """Σ_{t,t'} (a_t·a_t')(g_t·g_t') per example (Li et al. 2022 ghost norm), in batch chunks.
 
     Args:
         a: (B, T, d) layer inputs.
