@@ -312,8 +312,7 @@ class PrivacyLossDistribution:
         if n > size:
             folded = np.pad(weights, (0, -n % size)).reshape(-1, size).sum(axis=0)
         spectrum = sp_fft.rfft(folded, size)
-        powered = np.abs(spectrum) ** count * np.exp(1j * count * np.angle(spectrum))
-        cyclic = sp_fft.irfft(powered, size)
+        cyclic = sp_fft.irfft(_power(spectrum, count), size)
         start = low % size
         composed = np.concatenate([cyclic[start:], cyclic[:start]])[: high - low + 1]
         np.clip(composed, 0.0, None, out=composed)
@@ -324,6 +323,20 @@ class PrivacyLossDistribution:
         return PrivacyLossDistribution(
             self.step, count * base.offset + low, composed * finite, float(infinity)
         )
+
+
+def _power(spectrum: np.ndarray, count: int) -> np.ndarray:
+    """spectrum**count in polar form; entries whose power underflows double precision are left
+    at 0 without evaluating them (at large counts that is most of them)."""
+    re, im = spectrum.real, spectrum.imag
+    with np.errstate(divide="ignore"):
+        log_power = (0.5 * count) * np.log(re * re + im * im)
+    keep = np.flatnonzero(log_power > -745.0)
+    powered = np.zeros_like(spectrum)
+    angle = count * np.arctan2(im[keep], re[keep])
+    magnitude = np.exp(log_power[keep])
+    powered[keep] = magnitude * np.cos(angle) + 1j * (magnitude * np.sin(angle))
+    return powered
 
 
 def _chernoff_range(weights: np.ndarray, count: int, tail: float) -> tuple[int, int]:
