@@ -522,6 +522,16 @@ def train_command(
         str, typer.Option("--clipping", help="ghost, per_sample or auto.")
     ] = "ghost",
     sampling: Annotated[str, typer.Option("--sampling", help="poisson or shuffle.")] = "poisson",
+    per_layer: Annotated[
+        bool, typer.Option("--per-layer", help="Per-layer clipping (C/sqrt(K) per tensor).")
+    ] = False,
+    physical_batch_size: Annotated[
+        int | None,
+        typer.Option("--physical-batch-size", help="Micro-batch size (virtual batches)."),
+    ] = None,
+    secure_noise: Annotated[
+        bool, typer.Option("--secure-noise", help="Noise from the OS CSPRNG (not seedable).")
+    ] = False,
     accountant: Annotated[str, typer.Option("--accountant", help="pld or rdp.")] = "pld",
     seed: Annotated[int, typer.Option("--seed")] = 0,
     root: Annotated[Path | None, typer.Option("--root", help="Folder of on-disk datasets.")] = None,
@@ -546,6 +556,9 @@ def train_command(
                 clipping=clipping,
                 sampling=sampling,
                 accountant=accountant,
+                per_layer=per_layer,
+                physical_batch_size=physical_batch_size,
+                secure_noise=secure_noise,
             )
         elif epsilon is not None or noise_multiplier is not None:
             raise ValueError("--epsilon and --noise-multiplier need --dp")
