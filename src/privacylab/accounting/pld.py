@@ -28,8 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import fft as sp_fft
-from scipy.optimize import minimize_scalar
-from scipy.signal import fftconvolve, lfilter
 from scipy.special import log_ndtr, ndtri
 
 from privacylab.accounting import _validate as check
@@ -226,6 +224,8 @@ class PrivacyLossDistribution:
 
     def _tail_sums(self) -> tuple[np.ndarray, np.ndarray]:
         """S_j = Σ_{i≥j} p_i and R_j = Σ_{i≥j} p_i e^{l_j − l_i}, both without cancellation."""
+        from scipy.signal import lfilter
+
         tail = np.cumsum(self.pmf[::-1])[::-1]
         weighted = lfilter([1.0], [1.0, -math.exp(-self.step)], self.pmf[::-1])[::-1]
         return tail, weighted
@@ -265,6 +265,8 @@ class PrivacyLossDistribution:
         """The PLD of running both mechanisms: the convolution of the two (Koskela et al. 2020)."""
         if not math.isclose(self.step, other.step, rel_tol=1e-12):
             raise check.PrivacyParameterError("cannot compose PLDs with different discretisations")
+        from scipy.signal import fftconvolve
+
         a, b = self.truncate(tail), other.truncate(tail)
         pmf = np.clip(fftconvolve(a.pmf, b.pmf), 0.0, None)
         total_a, total_b = a.pmf.sum(), b.pmf.sum()
@@ -343,6 +345,8 @@ def _chernoff_range(weights: np.ndarray, count: int, tail: float) -> tuple[int, 
     """Index range [a, b] of a sum S of `count` i.i.d. draws from `weights` (a pmf on 0..n−1)
     holding all but `tail` on each side, by the Chernoff bound
     P(S ≥ b) ≤ exp(T·K(λ) − λb), K the log-MGF, minimised over λ (any λ gives a valid bound)."""
+    from scipy.optimize import minimize_scalar
+
     n = len(weights)
     nz = np.flatnonzero(weights > 0)
     w = weights[nz]
