@@ -583,19 +583,33 @@ def train_command(
         if norm is not None:
             options["norm"] = norm
         console = _stderr()
+        with Progress(
+            TextColumn("training"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} epochs"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+            disable=not console.is_terminal,
+        ) as bar:
+            task = bar.add_task("train", total=epochs)
 
-        def report(record: Any) -> None:
-            eps = f"  ε {record.epsilon:.3f}" if record.epsilon is not None else ""
-            acc = (
-                f"  test acc {record.eval_accuracy:.4f}" if record.eval_accuracy is not None else ""
-            )
-            console.print(
-                f"epoch {record.epoch}/{epochs}  train acc {record.train_accuracy:.4f}{acc}{eps}"
-            )
+            def report(record: Any) -> None:
+                eps = f"  ε {record.epsilon:.3f}" if record.epsilon is not None else ""
+                acc = (
+                    f"  test acc {record.eval_accuracy:.4f}"
+                    if record.eval_accuracy is not None
+                    else ""
+                )
+                bar.console.print(
+                    f"epoch {record.epoch}/{epochs}  train acc {record.train_accuracy:.4f}"
+                    f"{acc}{eps}"
+                )
+                bar.update(task, completed=record.epoch)
 
-        summary = train_job(
-            dataset, model, config, out, root=root, model_options=options, progress=report
-        )
+            summary = train_job(
+                dataset, model, config, out, root=root, model_options=options, progress=report
+            )
         if json_output:
             _emit_json(summary)
             return
