@@ -119,29 +119,11 @@ def build(name: str) -> tuple[nn.Module, Tensor, Tensor]:
     """Model and one batch for ``name``."""
     torch.manual_seed(0)
     y = torch.randint(0, 10, (BATCH,))
-    if name == "mlp":
-        model = nn.Sequential(
-            nn.Flatten(),
-            nn.Linear(784, 512),
-            nn.ReLU(),
-            nn.Linear(512, 256),
-            nn.ReLU(),
-            nn.Linear(256, 10),
-        )
-        return model, torch.randn(BATCH, 1, 28, 28), y
-    if name == "cnn":
-        model = nn.Sequential(
-            nn.Conv2d(1, 16, 8, 2, padding=3),
-            nn.ReLU(),
-            nn.MaxPool2d(2, 1),
-            nn.Conv2d(16, 32, 4, 2),
-            nn.ReLU(),
-            nn.MaxPool2d(2, 1),
-            nn.Flatten(),
-            nn.Linear(32 * 4 * 4, 32),
-            nn.ReLU(),
-            nn.Linear(32, 10),
-        )
+    if name in ("mlp", "cnn"):
+        from privacylab.models.conv import cnn
+        from privacylab.models.dense import mlp
+
+        model = mlp((1, 28, 28), 10) if name == "mlp" else cnn((1, 28, 28), 10, activation="relu")
         return model, torch.randn(BATCH, 1, 28, 28), y
     if name == "transformer":
         return TransformerClassifier(), torch.randint(0, 1000, (BATCH, 64)), y

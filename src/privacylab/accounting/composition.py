@@ -16,6 +16,7 @@ composition, the slack δ'') to minimise ε at the requested total δ.
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import abstractmethod
 from dataclasses import dataclass
@@ -60,7 +61,9 @@ class _Leaf:
         return eps
 
 
+@functools.lru_cache(maxsize=4096)
 def _gaussian_eps(delta0: float, sigma: float) -> float:
+    """Exact ε0 of Gaussian(σ) at δ0; memoised, as the δ-split search asks again and again."""
     if delta0 >= 1.0:
         return 0.0
     if delta0 <= 0.0:
@@ -106,11 +109,20 @@ def _leaf_of(event: Event, count: int) -> _Leaf:
 class _CompositionAccountant(Accountant):
     """Shared machinery: leaves, per-step (ε_i, δ_i), and δ(ε) by root-finding on ε(δ)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._leaf_cache: list[_Leaf] | None = None
+
     def _check_supported(self, event: Event) -> None:
         _leaf_of(event, 1)
 
+    def _changed(self) -> None:
+        self._leaf_cache = None
+
     def _leaves(self) -> list[_Leaf]:
-        return [_leaf_of(event, count) for event, count in self._events]
+        if self._leaf_cache is None:
+            self._leaf_cache = [_leaf_of(event, count) for event, count in self._events]
+        return self._leaf_cache
 
     def _delta_weight(self) -> float:
         return sum(leaf.count * leaf.delta_weight for leaf in self._leaves())
@@ -174,6 +186,12 @@ class NaiveCompositionAccountant(_CompositionAccountant):
         return _naive_epsilon(self._leaves(), delta)
 
 
+def _drift_and_energy(epsilons: np.ndarray, counts: np.ndarray) -> tuple[float, float]:
+    """Σ n_i ε_i tanh(ε_i/2) and Σ n_i ε_i² of Kairouz, Oh & Viswanath 2015, Theorem 3.5."""
+    drift = float(np.dot(counts, epsilons * np.tanh(epsilons / 2.0)))
+    return drift, float(np.dot(counts, epsilons * epsilons))
+
+
 def advanced_composition_epsilon(
     epsilons: np.ndarray, counts: np.ndarray, delta_slack: float
 ) -> float:
@@ -192,8 +210,7 @@ def advanced_composition_epsilon(
     if delta_slack <= 0.0:
         return naive
     delta_slack = min(delta_slack, 1.0)
-    drift = float(np.dot(counts, epsilons * np.tanh(epsilons / 2.0)))
-    energy = float(np.dot(counts, epsilons * epsilons))
+    drift, energy = _drift_and_energy(epsilons, counts)
     if not math.isfinite(energy):
         return naive
     second = drift + math.sqrt(2.0 * energy * math.log(math.e + math.sqrt(energy) / delta_slack))
@@ -212,13 +229,11 @@ class AdvancedCompositionAccountant(_CompositionAccountant):
 
     name = "advanced"
 
-    def _at_split(self, delta: float, logit: float, weight: float) -> float:
+    def _at_split(self, delta: float, logit: float, weight: float, counts: np.ndarray) -> float:
         share = 1.0 / (1.0 + math.exp(-logit))
         delta0 = share * delta / weight
         slack = delta - share * delta
-        leaves = self._leaves()
-        epsilons = np.array([leaf.epsilon(delta0) for leaf in leaves])
-        counts = np.array([leaf.count for leaf in leaves], dtype=float)
+        epsilons = np.array([leaf.epsilon(delta0) for leaf in self._leaves()])
         return advanced_composition_epsilon(epsilons, counts, slack)
 
     def _epsilon_at(self, delta: float) -> float:
@@ -228,11 +243,12 @@ class AdvancedCompositionAccountant(_CompositionAccountant):
             eps, counts = zip(*self._pure_epsilons(), strict=True)
             advanced = advanced_composition_epsilon(np.array(eps), np.array(counts, float), delta)
             return min(best_naive, advanced)
-        values = [self._at_split(delta, t, weight) for t in _GRID]
+        counts = np.array([leaf.count for leaf in self._leaves()], dtype=float)
+        values = [self._at_split(delta, t, weight, counts) for t in _GRID]
         i = int(np.argmin(values))
         lo, hi = _GRID[max(i - 1, 0)], _GRID[min(i + 1, len(_GRID) - 1)]
         refined = optimize.minimize_scalar(
-            lambda t: self._at_split(delta, t, weight),
+            lambda t: self._at_split(delta, t, weight, counts),
             bounds=(lo, hi),
             method="bounded",
             options={"xatol": 1e-6},
@@ -245,8 +261,7 @@ class AdvancedCompositionAccountant(_CompositionAccountant):
         e, n = np.array(eps), np.array(counts, dtype=float)
         if epsilon >= float(np.dot(n, e)):
             return 0.0
-        drift = float(np.dot(n, e * np.tanh(e / 2.0)))
-        energy = float(np.dot(n, e * e))
+        drift, energy = _drift_and_energy(e, n)
         if epsilon <= drift:
             return 1.0
         exponent = (epsilon - drift) ** 2 / (2.0 * energy)

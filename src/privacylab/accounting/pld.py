@@ -44,6 +44,9 @@ DEFAULT_TAIL_MASS = 1e-15
 """Total probability an accountant leaves out of its grids; it is charged to δ (never dropped),
 so every δ it reports is at least this. Ask for a smaller one to certify δ below ~1e-12."""
 
+DEFAULT_DISCRETIZATION = 1e-4
+"""Grid spacing h used when none is given, as dp_accounting's PLDAccountant."""
+
 MAX_GRID_POINTS = 20_000_000
 """Largest grid (single step or composed) before asking for a coarser discretisation."""
 
@@ -233,10 +236,11 @@ class PrivacyLossDistribution:
     def delta(self, epsilon: float) -> float:
         """δ(ε) = Σ_{l_i > ε} p_i (1 − e^{ε − l_i}) + p_∞  (Koskela et al. 2020, Eq. (5))."""
         eps = float(epsilon)
-        above = self.losses > eps
+        losses = self.losses
+        above = losses > eps
         if not above.any():
             return min(1.0, self.infinity_mass)
-        p, losses = self.pmf[above], self.losses[above]
+        p, losses = self.pmf[above], losses[above]
         value = float(np.sum(p * -np.expm1(eps - losses))) + self.infinity_mass
         return min(1.0, value)
 
@@ -377,11 +381,6 @@ def _chernoff_range(weights: np.ndarray, count: int, tail: float) -> tuple[int, 
     return low, max(high, low)
 
 
-def default_discretization(event_counts: list[tuple[Event, int]]) -> float:
-    """Grid spacing h used when none is given: 1e-4, as dp_accounting's PLDAccountant."""
-    return 1e-4
-
-
 class PldAccountant(Accountant):
     """Privacy-loss-distribution accountant: pessimistic connect-the-dots PLDs + FFT composition.
 
@@ -425,7 +424,7 @@ class PldAccountant(Accountant):
         """The grid spacing in use."""
         if self.value_discretization_interval is not None:
             return self.value_discretization_interval
-        return default_discretization(self._events)
+        return DEFAULT_DISCRETIZATION
 
     def distributions(self) -> tuple[PrivacyLossDistribution, PrivacyLossDistribution]:
         """The composed PLDs for removal and for addition of one record.

@@ -43,7 +43,7 @@ def _mislabeled(
     rows = rng.choice(len(dataset), size=count, replace=False)
     shift = rng.integers(1, dataset.num_classes, size=count, dtype=np.int64)
     labels = (dataset.labels.numpy()[rows] + shift) % dataset.num_classes
-    return dataset.features[torch.from_numpy(rows)].clone(), labels
+    return dataset.features[torch.from_numpy(rows)], labels
 
 
 def _random(

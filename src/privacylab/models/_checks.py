@@ -14,24 +14,34 @@ from privacylab.models.errors import ModelError
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
 
-def activation(name: str, model: str) -> nn.Module:
-    """A fresh activation module by name (relu, tanh, sigmoid)."""
+def activation_type(name: str, model: str) -> type[nn.Module]:
+    """The activation class by name (relu, tanh, sigmoid), or ModelError."""
     if name not in ACTIVATIONS:
         raise ModelError(
             f"{model}: activation must be one of {', '.join(ACTIVATIONS)}, got {name!r}"
         )
-    return ACTIVATIONS[name]()
+    return ACTIVATIONS[name]
+
+
+def activation(name: str, model: str) -> nn.Module:
+    """A fresh activation module by name (relu, tanh, sigmoid)."""
+    return activation_type(name, model)()
+
+
+def integer(label: str, value: object, minimum: int) -> int:
+    """`value` as an int >= `minimum` (bools refused), or ModelError starting with `label`."""
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        number = None
+    if isinstance(value, bool) or number is None or number < minimum:
+        raise ModelError(f"{label} must be an integer >= {minimum}, got {value!r}")
+    return int(number)
 
 
 def positive_int(name: str, value: object, model: str) -> int:
     """`value` as an int >= 1, or ModelError."""
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        number = 0
-    if isinstance(value, bool) or number < 1:
-        raise ModelError(f"{model}: {name} must be an integer >= 1, got {value!r}")
-    return int(number)
+    return integer(f"{model}: {name}", value, 1)
 
 
 def widths(value: object, model: str) -> tuple[int, ...]:

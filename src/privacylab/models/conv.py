@@ -43,15 +43,15 @@ def cnn(
         hint = " (BatchNorm mixes examples; use norm='group')" if "batch" in str(norm) else ""
         raise ModelError(f"cnn: norm must be None or 'group', got {norm!r}{hint}")
     groups = _checks.positive_int("norm_groups", norm_groups, "cnn")
-    _checks.activation(activation, "cnn")
+    act = _checks.activation_type(activation, "cnn")
     features = nn.Sequential(
         nn.Conv2d(channels, 16, 8, stride=2, padding=3),
         *_norm(norm, 16, groups),
-        _checks.activation(activation, "cnn"),
+        act(),
         nn.MaxPool2d(2, 1),
         nn.Conv2d(16, 32, 4, stride=2),
         *_norm(norm, 32, groups),
-        _checks.activation(activation, "cnn"),
+        act(),
         nn.MaxPool2d(2, 1),
         nn.Flatten(),
     )
@@ -59,7 +59,7 @@ def cnn(
     return nn.Sequential(
         *features,
         nn.Linear(flat, 32),
-        _checks.activation(activation, "cnn"),
+        act(),
         nn.Linear(32, num_classes),
     )
 
@@ -73,14 +73,14 @@ def lenet(input_shape: tuple[int, ...], num_classes: int, activation: str = "sig
     which gradient-matching attacks need.
     """
     channels, _, _ = _checks.image_shape(input_shape, "lenet")
-    _checks.activation(activation, "lenet")
+    act = _checks.activation_type(activation, "lenet")
     features = nn.Sequential(
         nn.Conv2d(channels, 12, 5, stride=2, padding=2),
-        _checks.activation(activation, "lenet"),
+        act(),
         nn.Conv2d(12, 12, 5, stride=2, padding=2),
-        _checks.activation(activation, "lenet"),
+        act(),
         nn.Conv2d(12, 12, 5, stride=1, padding=2),
-        _checks.activation(activation, "lenet"),
+        act(),
         nn.Flatten(),
     )
     flat = _checks.flat_size(features, input_shape, "lenet")

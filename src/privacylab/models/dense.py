@@ -32,10 +32,10 @@ def mlp(
     """
     sizes = (math.prod(input_shape), *_checks.widths(widths, "mlp"))
     rate = _checks.dropout(dropout, "mlp")
-    _checks.activation(activation, "mlp")
+    act = _checks.activation_type(activation, "mlp")
     layers: list[nn.Module] = [nn.Flatten()]
     for fan_in, fan_out in pairwise(sizes):
-        layers += [nn.Linear(fan_in, fan_out), _checks.activation(activation, "mlp")]
+        layers += [nn.Linear(fan_in, fan_out), act()]
         if rate:
             layers.append(nn.Dropout(rate))
     layers.append(nn.Linear(sizes[-1], num_classes))

@@ -9,13 +9,13 @@ parameter anywhere else would escape clipping. `build_model` checks it on every 
 from __future__ import annotations
 
 import inspect
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from privacylab.models._checks import integer
 from privacylab.models.errors import ModelError
 
 PARAMETER_MODULES: tuple[type[nn.Module], ...] = (
@@ -50,9 +50,7 @@ def model_names() -> list[str]:
 
 def model_options(name: str) -> dict[str, Any]:
     """The options model `name` accepts, with their defaults (`inspect.Parameter.empty` if none)."""
-    builder = _builder(name)
-    parameters = list(inspect.signature(builder).parameters.values())[2:]
-    return {p.name: p.default for p in parameters}
+    return _options(_builder(name))
 
 
 def unsupported_parameter_modules(model: nn.Module) -> list[str]:
@@ -81,8 +79,8 @@ def build_model(
     """
     builder = _builder(name)
     shape = _shape(input_shape)
-    num_classes = _integer("num_classes", num_classes, 2)
-    accepted = model_options(name)
+    num_classes = integer("num_classes", num_classes, 2)
+    accepted = _options(builder)
     unknown = sorted(set(options) - set(accepted))
     if unknown:
         allowed = ", ".join(accepted) or "none"
@@ -95,7 +93,7 @@ def build_model(
     if seed is None:
         model = builder(shape, num_classes, **options)
     else:
-        seed = _integer("seed", seed, 0)
+        seed = integer("seed", seed, 0)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             model = builder(shape, num_classes, **options)
@@ -112,16 +110,9 @@ def _builder(name: str) -> Builder:
     return _BUILDERS[key]
 
 
-def _integer(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise ModelError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    try:
-        number = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise ModelError(f"{name} must be an integer >= {minimum}, got {value!r}") from None
-    if number < minimum:
-        raise ModelError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(number)
+def _options(builder: Builder) -> dict[str, Any]:
+    parameters = list(inspect.signature(builder).parameters.values())[2:]
+    return {p.name: p.default for p in parameters}
 
 
 def _shape(input_shape: Sequence[int]) -> tuple[int, ...]:
@@ -129,4 +120,4 @@ def _shape(input_shape: Sequence[int]) -> tuple[int, ...]:
         raise ModelError(f"input_shape must be a tuple of sizes, got {input_shape!r}")
     if not input_shape:
         raise ModelError("input_shape must not be empty")
-    return tuple(_integer("input_shape entries", s, 1) for s in input_shape)
+    return tuple(integer("input_shape entries", s, 1) for s in input_shape)

@@ -92,8 +92,7 @@ class Scattering2D(nn.Module):
         padded = (self._round_up(height + 2 * step, step), self._round_up(width + 2 * step, step))
         self.extra = (padded[0] - height - 2 * step, padded[1] - width - 2 * step)
         psi, phi = morlet_filter_bank(padded, self.scales, self.orientations)
-        self.register_buffer("psi_real", psi.real.float(), persistent=False)
-        self.register_buffer("psi_imag", psi.imag.float(), persistent=False)
+        self.register_buffer("psi", psi.to(torch.complex64), persistent=False)
         self.register_buffer("phi", phi.real.float(), persistent=False)
         self.out_size = (math.ceil(height / step), math.ceil(width / step))
         self.out_channels = channels * (1 + self.scales * self.orientations)
@@ -116,8 +115,7 @@ class Scattering2D(nn.Module):
             mode="reflect",
         )
         spectrum = torch.fft.fft2(padded)
-        psi = torch.complex(self.psi_real, self.psi_imag)
-        modulus = torch.fft.ifft2(spectrum[:, :, None] * psi).abs()
+        modulus = torch.fft.ifft2(spectrum[:, :, None] * self.psi).abs()
         first = self._lowpass(torch.fft.fft2(modulus))
         zeroth = self._lowpass(spectrum)[:, :, None]
         return torch.cat([zeroth, first], dim=2).reshape(n, self.out_channels, *self.out_size)

@@ -2,13 +2,13 @@
 
 A saved model is a folder holding
 
-- `model.safetensors`: the state dict, written by `safetensors.torch.save_file`;
+- `model.safetensors`: the state dict, written by `safetensors.torch.save`;
 - `model.json`: `{"format": "privacylab-model/1", "spec": ModelSpec.to_dict(), "metadata": {...},
   "weights": "model.safetensors", "sha256": <hex digest of the weights file>}`, where metadata is
   free-form JSON (training config, data, privacy spent).
 
 Loading rebuilds the architecture from the spec through the model registry and fills it with
-`safetensors.torch.load_file`, so no file can make the loader run code (no torch.load, no pickle).
+`safetensors.torch.load`, so no file can make the loader run code (no torch.load, no pickle).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save
 from torch import nn
 
 from privacylab.models.errors import ModelError
@@ -60,12 +60,12 @@ def save_model(
     folder = Path(path)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        weights = folder / WEIGHTS_FILE
+        blob = save(tensors, metadata={"format": "pt", "privacylab": FORMAT})
         partial = folder / (WEIGHTS_FILE + ".partial")
-        save_file(tensors, str(partial), metadata={"format": "pt", "privacylab": FORMAT})
+        partial.write_bytes(blob)
         sidecar["weights"] = WEIGHTS_FILE
-        sidecar["sha256"] = _sha256(partial)
-        os.replace(partial, weights)
+        sidecar["sha256"] = hashlib.sha256(blob).hexdigest()
+        os.replace(partial, folder / WEIGHTS_FILE)
         partial_sidecar = folder / (SIDECAR_FILE + ".partial")
         partial_sidecar.write_text(json.dumps(sidecar, indent=2, sort_keys=True) + "\n")
         os.replace(partial_sidecar, folder / SIDECAR_FILE)
@@ -95,14 +95,16 @@ def load_model(
     metadata = sidecar.get("metadata", {})
     if not isinstance(metadata, dict):
         raise ModelError(f"corrupt model sidecar {sidecar_path}: metadata is not an object")
-    weights = folder / str(sidecar.get("weights", WEIGHTS_FILE))
-    if weights.name != str(sidecar.get("weights", WEIGHTS_FILE)) or not weights.is_file():
+    weights_name = str(sidecar.get("weights", WEIGHTS_FILE))
+    weights = folder / weights_name
+    if weights.name != weights_name or not weights.is_file():
         raise ModelError(f"no weights file {weights} next to {sidecar_path}")
+    blob = weights.read_bytes()
     expected = sidecar.get("sha256")
-    if expected is not None and _sha256(weights) != expected:
+    if expected is not None and hashlib.sha256(blob).hexdigest() != expected:
         raise ModelError(f"weights file {weights} does not match the sha256 in {sidecar_path}")
     try:
-        tensors = load_file(str(weights), device="cpu")
+        tensors = load(blob)
     except Exception as error:
         raise ModelError(f"corrupt weights file {weights}: {error}") from None
     model = spec.build(seed=0)
@@ -145,11 +147,3 @@ def _check_fits(
     ]
     if problems:
         raise ModelError(f"weights of {where} do not fit spec {spec.name!r}: {'; '.join(problems)}")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

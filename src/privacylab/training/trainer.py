@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from privacylab.accounting import calibrate_noise_multiplier, dp_sgd, make_accountant, max_steps
+from privacylab.accounting import calibrate_noise_multiplier, max_steps
+from privacylab.accounting.calibration import dp_sgd_epsilon
 from privacylab.data import Dataset
 from privacylab.training.config import TrainConfig, TrainingError
 from privacylab.training.dp import DPSGD, PoissonSampler, ShuffleSampler, check_no_batch_norm
@@ -277,24 +278,22 @@ def train(
     sampler: PoissonSampler | ShuffleSampler
     spent_template: dict[str, Any] = {}
     step_limit: int | None = None
-    if privacy is None:
-        sampler = ShuffleSampler(n, config.batch_size, generator=sample_gen)
+    q = min(1.0, config.batch_size / n)
+    if privacy is not None and privacy.sampling == "poisson":
+        sampler = PoissonSampler(n, q, generator=sample_gen)
     else:
-        q = min(1.0, config.batch_size / n)
-        if privacy.sampling == "poisson":
-            sampler = PoissonSampler(n, q, generator=sample_gen)
-        else:
-            sampler = ShuffleSampler(n, config.batch_size, generator=sample_gen)
-        planned = config.epochs * sampler.steps_per_epoch
+        sampler = ShuffleSampler(n, config.batch_size, generator=sample_gen)
+    total_steps = config.epochs * sampler.steps_per_epoch
+    if privacy is not None:
         sigma = privacy.noise_multiplier
         if sigma is None:
             assert privacy.epsilon is not None
             sigma = calibrate_noise_multiplier(
-                privacy.epsilon, privacy.delta, q, planned, accountant=privacy.accountant
+                privacy.epsilon, privacy.delta, q, total_steps, accountant=privacy.accountant
             )
         elif privacy.epsilon is not None:
             step_limit = max_steps(
-                sigma, q, privacy.epsilon, privacy.delta, privacy.accountant, limit=planned
+                sigma, q, privacy.epsilon, privacy.delta, privacy.accountant, limit=total_steps
             )
             if step_limit == 0:
                 raise TrainingError(
@@ -336,14 +335,10 @@ def train(
 
     def epsilon_after(steps: int) -> float:
         assert privacy is not None
-        acc = make_accountant(privacy.accountant)
-        acc.compose(
-            dp_sgd(spent_template["noise_multiplier"], spent_template["sample_rate"], steps)
-        )
-        return acc.epsilon(privacy.delta)
+        sigma = spent_template["noise_multiplier"]
+        return dp_sgd_epsilon(sigma, q, steps, privacy.delta, privacy.accountant)
 
     history: list[EpochRecord] = []
-    total_steps = config.epochs * sampler.steps_per_epoch
     steps, start_epoch, best, waited, stopped = 0, 0, math.inf, 0, None
     checkpoint = _Checkpoint(checkpoint_dir, config)
     generators = {"sample": sample_gen, "noise": noise_gen, "augment": aug_gen}
@@ -365,7 +360,8 @@ def train(
                 break
             for group in optimizer.param_groups:
                 group["lr"] = config.lr * _lr_factor(config.schedule, steps / total_steps)
-            xb, yb = x_train[batch.to(device)], y_train[batch.to(device)]
+            index = batch.to(device)
+            xb, yb = x_train[index], y_train[index]
             if config.augmentation and xb.dim() == 4:
                 xb = _augment(xb, config.rotation, config.translation, aug_gen)
             if engine is not None:
@@ -403,8 +399,8 @@ def train(
 
     spent = None
     if privacy is not None:
-        spent = PrivacySpent(
-            epsilon=epsilon_after(steps) if steps else 0.0, steps=steps, **spent_template
-        )
+        # The last epoch's record already holds ε for every step taken.
+        last = history[-1].epsilon if history else None
+        spent = PrivacySpent(epsilon=last or 0.0, steps=steps, **spent_template)
     model.eval()
     return TrainResult(model=model, history=history, privacy=spent, stopped=stopped)

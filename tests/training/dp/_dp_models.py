@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor, nn
@@ -104,6 +104,20 @@ def cnn() -> nn.Module:
     )
 
 
+def _example_grads(
+    model: nn.Module, loss_fn: Callable[[Tensor, Tensor], Tensor], x: Tensor, y: Tensor
+) -> Iterator[dict[str, Tensor]]:
+    """Each example's gradient by autograd on that example alone (zeros where unused)."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    for i in range(x.shape[0]):
+        loss = loss_fn(model(x[i : i + 1]), y[i : i + 1]).sum()
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+        yield {
+            n: torch.zeros_like(p) if g is None else g
+            for (n, p), g in zip(params.items(), grads, strict=True)
+        }
+
+
 def naive_clipped_sum(
     model: nn.Module,
     loss_fn: Callable[[Tensor, Tensor], Tensor],
@@ -112,19 +126,12 @@ def naive_clipped_sum(
     max_grad_norm: float,
 ) -> tuple[dict[str, Tensor], Tensor]:
     """Loop over examples: autograd on each, clip (Opacus' convention), sum."""
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    total = {n: torch.zeros_like(p) for n, p in params.items()}
+    total = {n: torch.zeros_like(p) for n, p in model.named_parameters() if p.requires_grad}
     norms = []
-    for i in range(x.shape[0]):
-        loss = loss_fn(model(x[i : i + 1]), y[i : i + 1]).sum()
-        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
-        grads = [
-            torch.zeros_like(p) if g is None else g
-            for g, p in zip(grads, params.values(), strict=True)
-        ]
-        norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+    for grads in _example_grads(model, loss_fn, x, y):
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
         factor = (max_grad_norm / (norm + 1e-6)).clamp(max=1.0)
-        for name, g in zip(params, grads, strict=True):
+        for name, g in grads.items():
             total[name] += factor * g
         norms.append(norm)
     return total, torch.stack(norms)
@@ -138,12 +145,9 @@ def naive_per_layer_clipped_sum(
     thresholds: dict[str, float],
 ) -> dict[str, Tensor]:
     """Loop over examples; clip each parameter's gradient to its own threshold; sum."""
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    total = {n: torch.zeros_like(p) for n, p in params.items()}
-    for i in range(x.shape[0]):
-        loss = loss_fn(model(x[i : i + 1]), y[i : i + 1]).sum()
-        grads = torch.autograd.grad(loss, list(params.values()))
-        for name, g in zip(params, grads, strict=True):
+    total = {n: torch.zeros_like(p) for n, p in model.named_parameters() if p.requires_grad}
+    for grads in _example_grads(model, loss_fn, x, y):
+        for name, g in grads.items():
             total[name] += (thresholds[name] / (g.norm() + 1e-6)).clamp(max=1.0) * g
     return total
 

@@ -25,11 +25,11 @@ from privacylab.training.dp import (
 STRATEGIES = ["ghost", "per_sample"]
 
 
-def _engine(model: nn.Module, lr: float = 0.1, **options) -> DPSGD:
+def _engine(model: nn.Module, lr: float = 0.1, loss_fn=cross_entropy, **options) -> DPSGD:
     settings = dict(noise_multiplier=0.0, max_grad_norm=1e6, expected_batch_size=8.0)
     settings.update(options)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    return DPSGD(model, optimizer, cross_entropy, **settings)
+    return DPSGD(model, optimizer, loss_fn, **settings)
 
 
 def _batch(n: int = 6) -> tuple[Tensor, Tensor]:
@@ -62,10 +62,10 @@ def test_no_noise_no_clipping_is_sgd_on_sum_over_expected_batch(clipping, build)
 @pytest.mark.parametrize("clipping", STRATEGIES)
 def test_noise_std_is_sigma_c_over_expected_batch(clipping) -> None:
     model = nn.Linear(40, 50)
-    engine = DPSGD(
+    engine = _engine(
         model,
-        torch.optim.SGD(model.parameters(), lr=1.0),
-        lambda out, y: (out * 0).sum(1),
+        lr=1.0,
+        loss_fn=lambda out, y: (out * 0).sum(1),
         noise_multiplier=2.0,
         max_grad_norm=0.5,
         expected_batch_size=4.0,
@@ -308,11 +308,9 @@ def test_unbatched_layer_call_is_an_error_for_ghost() -> None:
 
 @pytest.mark.parametrize("clipping", STRATEGIES)
 def test_reduced_loss_is_rejected(clipping) -> None:
-    model = mlp()
-    engine = DPSGD(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        nn.CrossEntropyLoss(),
+    engine = _engine(
+        mlp(),
+        loss_fn=nn.CrossEntropyLoss(),
         noise_multiplier=1.0,
         max_grad_norm=1.0,
         expected_batch_size=6,
@@ -374,10 +372,10 @@ def test_clipped_example_norm_is_at_most_c(clip, scale, clipping, per_layer) -> 
     model = Transformer(11, 5, 8, 2, 1, 3).double()
     names = [n for n, _ in model.named_parameters()]
     thresholds = split_threshold(names, clip) if per_layer else None
-    engine = DPSGD(
+    engine = _engine(
         model,
-        torch.optim.SGD(model.parameters(), lr=0.0),
-        lambda out, y: scale * cross_entropy(out, y),
+        lr=0.0,
+        loss_fn=lambda out, y: scale * cross_entropy(out, y),
         noise_multiplier=0.0,
         max_grad_norm=clip,
         expected_batch_size=1,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from privacylab.training.dp.errors import DPSGDError
+from privacylab.training.dp.errors import DPSGDError, check_number
 
 CLIP_EPS = 1e-6
 """Added to the norm before dividing, as Opacus does (``optimizers/optimizer.py``)."""
@@ -89,7 +89,7 @@ class ClipThresholds:
         parameter_names: Sequence[str],
         per_layer: Mapping[str, float] | Sequence[float] | None = None,
     ) -> None:
-        self.max_grad_norm = _positive("max_grad_norm", max_grad_norm)
+        self.max_grad_norm = check_number("max_grad_norm", max_grad_norm, positive=True)
         self.parameter_names = list(parameter_names)
         self.per_parameter: dict[str, float] | None = None
         if per_layer is None:
@@ -101,7 +101,10 @@ class ClipThresholds:
                 raise DPSGDError(f"per_layer_thresholds names unknown parameters: {unknown}")
             if missing:
                 raise DPSGDError(f"per_layer_thresholds has no threshold for {missing}")
-            values = {n: _positive(f"threshold of {n}", per_layer[n]) for n in self.parameter_names}
+            values = {
+                n: check_number(f"threshold of {n}", per_layer[n], positive=True)
+                for n in self.parameter_names
+            }
         else:
             per_layer = list(per_layer)
             if len(per_layer) != len(self.parameter_names):
@@ -110,7 +113,7 @@ class ClipThresholds:
                     f"{len(self.parameter_names)} trainable parameters"
                 )
             values = {
-                n: _positive(f"threshold of {n}", c)
+                n: check_number(f"threshold of {n}", c, positive=True)
                 for n, c in zip(self.parameter_names, per_layer, strict=True)
             }
         overall = math.sqrt(sum(c * c for c in values.values()))
@@ -157,15 +160,5 @@ def split_threshold(parameter_names: Sequence[str], max_grad_norm: float) -> dic
     names = list(parameter_names)
     if not names:
         raise DPSGDError("there are no trainable parameters to give thresholds to")
-    c = _positive("max_grad_norm", max_grad_norm) / math.sqrt(len(names))
+    c = check_number("max_grad_norm", max_grad_norm, positive=True) / math.sqrt(len(names))
     return dict.fromkeys(names, c)
-
-
-def _positive(name: str, value: object) -> float:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise DPSGDError(f"{name} must be a number, got {value!r}") from None
-    if isinstance(value, bool) or not math.isfinite(number) or number <= 0:
-        raise DPSGDError(f"{name} must be a finite number > 0, got {value!r}")
-    return number

@@ -25,7 +25,12 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from privacylab.training.dp.clipping import ClippedBatch, ClipThresholds, GradientBuffers
-from privacylab.training.dp.errors import DPSGDError, GhostClippingError
+from privacylab.training.dp.errors import (
+    DPSGDError,
+    GhostClippingError,
+    check_count,
+    check_number,
+)
 from privacylab.training.dp.ghost.clipper import GhostClipping, describe, ghost_layers
 from privacylab.training.dp.noise import GaussianNoise
 from privacylab.training.dp.per_sample import PerSampleClipping
@@ -91,16 +96,6 @@ def check_no_batch_norm(model: nn.Module) -> None:
             )
 
 
-def _nonnegative(name: str, value: object) -> float:
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise DPSGDError(f"{name} must be a number, got {value!r}") from None
-    if isinstance(value, bool) or not math.isfinite(number) or number < 0:
-        raise DPSGDError(f"{name} must be a finite number >= 0, got {value!r}")
-    return number
-
-
 class DPSGD:
     """Differentially private SGD steps for a model and optimizer (Abadi et al. 2016, Alg. 1).
 
@@ -148,18 +143,14 @@ class DPSGD:
             raise DPSGDError(f"clipping must be one of {', '.join(STRATEGIES)}, got {clipping!r}")
         if not callable(loss_fn):
             raise DPSGDError("loss_fn must be callable: loss_fn(outputs, targets) -> (B,) losses")
-        self.noise_multiplier = _nonnegative("noise_multiplier", noise_multiplier)
-        self.expected_batch_size = _nonnegative("expected_batch_size", expected_batch_size)
+        self.noise_multiplier = check_number("noise_multiplier", noise_multiplier, positive=False)
+        self.expected_batch_size = check_number(
+            "expected_batch_size", expected_batch_size, positive=False
+        )
         if self.expected_batch_size == 0:
             raise DPSGDError("expected_batch_size must be > 0 (it is q·N)")
-        if physical_batch_size is not None and (
-            isinstance(physical_batch_size, bool)
-            or not isinstance(physical_batch_size, int)
-            or physical_batch_size < 1
-        ):
-            raise DPSGDError(
-                f"physical_batch_size must be a whole number >= 1, got {physical_batch_size!r}"
-            )
+        if physical_batch_size is not None:
+            check_count("physical_batch_size", physical_batch_size)
         if secure_noise and generator is not None:
             raise DPSGDError(
                 "secure_noise draws from the OS and cannot be seeded; pass no generator"
@@ -268,8 +259,6 @@ class DPSGD:
         noise: dict[str, Tensor] = {}
 
         def init(name: str, p: Tensor) -> Tensor:
-            if std == 0:
-                return torch.zeros_like(p)
             drawn = self.noise.sample(p, std)
             if not watched:
                 return drawn
@@ -282,7 +271,6 @@ class DPSGD:
             for name, p in self.params.items():
                 total = batch.grad_sum[name]
                 if watched:
-                    noise.setdefault(name, torch.zeros_like(p))
                     p.grad = (total + noise[name]).mul_(scale)
                 else:
                     p.grad = total.mul_(scale)

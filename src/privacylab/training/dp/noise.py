@@ -58,10 +58,10 @@ class GaussianNoise:
 
     def sample(self, like: Tensor, std: float) -> Tensor:
         """A tensor shaped like ``like`` with i.i.d. N(0, std²) entries."""
+        if std == 0.0:  # no noise: draw nothing (the generator's state is left as it is)
+            return torch.zeros_like(like, memory_format=torch.contiguous_format)
         if self.secure:
             z = secure_standard_normal(like.numel(), like.dtype, like.device)
             return z.view_as(like).mul_(std)
         out = torch.empty_like(like, memory_format=torch.contiguous_format)
-        if std == 0.0:
-            return out.zero_()
         return out.normal_(0.0, std, generator=self.generator)

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from privacylab.training.dp.clipping import ClippedBatch, ClipThresholds, GradientBuffers
-from privacylab.training.dp.ghost.rules import add_weighted_sum
+from privacylab.training.dp.ghost.rules import PerExampleGradients
 from privacylab.training.dp.losses import per_example_losses
 
 CHUNK_ELEMENTS = 1 << 22
@@ -78,8 +78,7 @@ class PerSampleClipping:
         for name, p in self.model.named_parameters():
             (params if p.requires_grad else rest)[name] = p.detach()
         rest.update(self.model.named_buffers())
-        numel = sum(p.numel() for p in params.values())
-        numel = max(1, numel)
+        numel = max(1, sum(p.numel() for p in params.values()))
         chunk = self.chunk_size or max(
             1, CHUNK_ELEMENTS // numel, min(MIN_CHUNK, 4 * CHUNK_ELEMENTS // numel)
         )
@@ -93,16 +92,12 @@ class PerSampleClipping:
                     grads, loss = self._per_example_grad(
                         params, rest, tuple(t[s] for t in inputs), targets[s]
                     )
-                sq = {
-                    n: torch.linalg.vector_norm(g.flatten(1), dim=1).square()
-                    for n, g in grads.items()
-                }
-                chunk_norms, coef = self.thresholds.coefficients(sq)
-                for n, g in grads.items():
-                    add_weighted_sum(grad_sum[n], coef[n], g)
+                state = PerExampleGradients(grads)
+                del grads
+                chunk_norms, coef = self.thresholds.coefficients(state.sq_norms())
+                state.clipped_sum(coef, grad_sum)
                 norms.append(chunk_norms)
                 losses.append(loss)
-                del grads
         dtype = next(iter(params.values())).dtype if params else torch.float32
         return ClippedBatch(
             into.tensors(),

@@ -15,13 +15,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from privacylab.training.dp.errors import DPSGDError
-
-
-def _count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise DPSGDError(f"{name} must be a whole number >= 1, got {value!r}")
-    return value
+from privacylab.training.dp.errors import DPSGDError, check_count
 
 
 class PoissonSampler:
@@ -42,7 +36,7 @@ class PoissonSampler:
     def __init__(
         self, num_examples: int, sample_rate: float, generator: torch.Generator | None = None
     ) -> None:
-        self.num_examples = _count("num_examples", num_examples)
+        self.num_examples = check_count("num_examples", num_examples)
         try:
             q = float(sample_rate)
         except (TypeError, ValueError):
@@ -100,8 +94,8 @@ class ShuffleSampler:
         generator: torch.Generator | None = None,
         drop_last: bool = False,
     ) -> None:
-        self.num_examples = _count("num_examples", num_examples)
-        self.batch_size = _count("batch_size", batch_size)
+        self.num_examples = check_count("num_examples", num_examples)
+        self.batch_size = check_count("batch_size", batch_size)
         if drop_last and batch_size > num_examples:
             raise DPSGDError(
                 f"batch_size {batch_size} > num_examples {num_examples} with drop_last leaves "

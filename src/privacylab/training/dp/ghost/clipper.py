@@ -74,7 +74,7 @@ def ghost_layers(model: nn.Module) -> tuple[list[GhostLayer], list[str]]:
         for name, param in module.named_parameters(recurse=False, remove_duplicate=False):
             if not param.requires_grad:
                 continue
-            full = f"{path}.{name}" if path else name
+            full = _join(path, name)
             if id(param) in owners:
                 problems.append(
                     f"parameter {full} is the same tensor as {owners[id(param)]} (tied "
@@ -234,11 +234,10 @@ class ForwardTape:
         for index, layer in enumerate(self.layers):
             for name, param in layer.module.named_parameters(recurse=False):
                 if name in layer.trainable and uses.get(id(param), 0) > calls[index]:
-                    full = f"{layer.path}.{name}" if layer.path else name
                     raise GhostClippingError(
-                        f"parameter {full} is used outside the forward of its layer "
-                        f"{describe(layer.path, layer.module)} (e.g. tied weights used through "
-                        "a functional call); ghost clipping cannot see that use — use "
+                        f"parameter {_join(layer.path, name)} is used outside the forward of "
+                        f"its layer {describe(layer.path, layer.module)} (e.g. tied weights "
+                        "used through a functional call); ghost clipping cannot see that use — use "
                         "clipping='per_sample'"
                     )
 

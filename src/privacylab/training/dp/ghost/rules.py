@@ -49,20 +49,27 @@ CHUNK_ELEMENTS = 1 << 19
 float32, so a chunk of examples stays in cache while it is multiplied and reduced."""
 
 
-def _chunks(batch: int, elements_per_example: int) -> Iterator[slice]:
-    step = max(1, CHUNK_ELEMENTS // max(1, elements_per_example))
-    for start in range(0, batch, step):
-        yield slice(start, min(batch, start + step))
-
-
 SCALE_CHUNK_ELEMENTS = 1 << 16
 """Size of the c-scaled copy of output gradients formed at once by the book-keeping sums."""
 
 
 def _rows(total: int, per_row: int, budget: int = SCALE_CHUNK_ELEMENTS) -> Iterator[slice]:
+    """Slices of ``range(total)`` holding at most ``budget // per_row`` rows (at least one)."""
     step = max(1, budget // max(1, per_row))
     for start in range(0, total, step):
         yield slice(start, min(total, start + step))
+
+
+def _chunks(batch: int, elements_per_example: int) -> Iterator[slice]:
+    """Example slices whose temporaries stay within ``CHUNK_ELEMENTS``."""
+    return _rows(batch, elements_per_example, CHUNK_ELEMENTS)
+
+
+def _bookkeeping_sum(out: Tensor, coef: Tensor, g: Tensor, a: Tensor) -> None:
+    """out += (c ⊙ g)ᵀ a for (N, p) ``g`` and (N, d) ``a``, a chunk of rows of c ⊙ g at a time."""
+    c = coef.to(g.dtype)[:, None]
+    for s in _rows(g.shape[0], g.shape[1]):
+        out.addmm_((g[s] * c[s]).T, a[s])
 
 
 def _sq(x: Tensor) -> Tensor:
@@ -131,9 +138,7 @@ class LinearGradients(LayerGradients):
 
     def clipped_sum(self, coef: Mapping[str, Tensor], out: Mapping[str, Tensor]) -> None:
         if "weight" in self.trainable:
-            c = coef["weight"].to(self.g.dtype)[:, None]
-            for s in _rows(self.g.shape[0], self.g.shape[1]):
-                out["weight"].addmm_((self.g[s] * c[s]).T, self.a[s])
+            _bookkeeping_sum(out["weight"], coef["weight"], self.g, self.a)
         if "bias" in self.trainable:
             out["bias"].addmv_(self.g.T, coef["bias"].to(self.g.dtype))
         self.a = self.g = None  # type: ignore[assignment]
@@ -172,9 +177,7 @@ class SequenceLinearGradients(LayerGradients):
             t = self.g.shape[1]
             g = self.g.reshape(-1, self.g.shape[2])
             a = self.a.reshape(-1, self.a.shape[2])
-            c = coef["weight"].to(g.dtype).repeat_interleave(t)[:, None]
-            for s in _rows(g.shape[0], g.shape[1]):
-                out["weight"].addmm_((g[s] * c[s]).T, a[s])
+            _bookkeeping_sum(out["weight"], coef["weight"].repeat_interleave(t), g, a)
         self.a = self.g = None  # type: ignore[assignment]
         self.per_example = {}
 
@@ -433,15 +436,25 @@ def _affine_per_example(
     return PerExampleGradients(grads)
 
 
-@register_rule(nn.LayerNorm)
-def layer_norm_rule(
-    layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
-) -> LayerGradients:
-    """nn.LayerNorm: ∇_γ L_i = Σ_t g_t ⊙ x̂_t, ∇_β L_i = Σ_t g_t (instantiated)."""
-    shape = tuple(layer.normalized_shape)
-    return _affine_per_example(
-        calls, trainable, len(shape), lambda x: F.layer_norm(x, shape, None, None, layer.eps)
-    )
+def _normalized_shape_rule(normalise):
+    """Rule for a norm layer whose affine covers its trailing ``normalized_shape`` dimensions;
+    ``normalise(x, shape, eps)`` is the layer without its affine."""
+
+    def rule(
+        layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
+    ) -> LayerGradients:
+        shape = tuple(layer.normalized_shape)
+        return _affine_per_example(
+            calls, trainable, len(shape), lambda x: normalise(x, shape, layer.eps)
+        )
+
+    return rule
+
+
+layer_norm_rule = register_rule(nn.LayerNorm)(
+    _normalized_shape_rule(lambda x, shape, eps: F.layer_norm(x, shape, None, None, eps))
+)
+"""nn.LayerNorm: ∇_γ L_i = Σ_t g_t ⊙ x̂_t, ∇_β L_i = Σ_t g_t (instantiated)."""
 
 
 @register_rule(nn.GroupNorm)
@@ -454,14 +467,8 @@ def group_norm_rule(
     )
 
 
-if hasattr(nn, "RMSNorm"):
-
-    @register_rule(nn.RMSNorm)
-    def rms_norm_rule(
-        layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
-    ) -> LayerGradients:
-        """nn.RMSNorm: ∇_γ L_i = Σ_t g_t ⊙ x_t / rms(x_t)."""
-        shape = tuple(layer.normalized_shape)
-        return _affine_per_example(
-            calls, trainable, len(shape), lambda x: F.rms_norm(x, shape, None, layer.eps)
-        )
+if hasattr(nn, "RMSNorm"):  # torch >= 2.4
+    rms_norm_rule = register_rule(nn.RMSNorm)(
+        _normalized_shape_rule(lambda x, shape, eps: F.rms_norm(x, shape, None, eps))
+    )
+    """nn.RMSNorm: ∇_γ L_i = Σ_t g_t ⊙ x_t / rms(x_t)."""
