@@ -1,0 +1,1 @@
+"""Attacks on trained models; each family is a sub-package."""

@@ -1,0 +1,7 @@
+"""The threat model: what an attacker may query (labels, scores, logits, white-box), query
+budgets, and where output defences and query monitors plug in."""
+
+from privacylab.target.access import Access, AccessError, QueryBudgetError
+from privacylab.target.target import OutputDefense, Target
+
+__all__ = ["Access", "AccessError", "OutputDefense", "QueryBudgetError", "Target"]
