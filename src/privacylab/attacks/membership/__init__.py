@@ -1,5 +1,12 @@
 """Membership inference attacks: each declares its access and returns a MembershipResult."""
 
+from privacylab.attacks.membership import (  # noqa: F401  (register the attacks)
+    label_only,
+    lira,
+    metric,
+    rmia,
+    shadow,
+)
 from privacylab.attacks.membership.base import (
     AttackScores,
     MembershipAttack,

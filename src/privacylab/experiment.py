@@ -1,0 +1,352 @@
+"""The main job, `privacylab run`: train a non-private target and DP-SGD targets, attack each
+with the membership suite, and write the privacy report.
+
+The membership game follows Carlini et al. 2022 (Sec. III): the dataset is cut by a seeded
+permutation into target members, target non-members (the candidates, half of each) and a
+population the target never sees. References are trained with each target's own recipe on
+subsets of candidates ∪ population (so every candidate has IN and OUT references), through an
+executor, and are kept in a durable store: a second run reuses them and a killed run resumes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from privacylab.attacks.membership import (
+    MembershipResult,
+    MembershipTask,
+    attack_names,
+    make_attack,
+    run_attack,
+)
+from privacylab.attacks.membership.references import Recipe, train_one, train_references
+from privacylab.attacks.membership.result import AttackError
+from privacylab.data import load_dataset, membership_split
+from privacylab.execution import ResultStore, config_key, durable_map, make_executor
+from privacylab.models import load_model
+from privacylab.report import membership_metrics
+from privacylab.report.html import write_report
+from privacylab.report.plots import histogram_figure, roc_figure
+from privacylab.target import Target
+from privacylab.training import PrivacyConfig, TrainConfig
+
+DEFAULT_ATTACKS = (
+    "loss",
+    "confidence",
+    "entropy",
+    "modified-entropy",
+    "shadow",
+    "lira-online",
+    "lira-offline",
+    "rmia",
+    "gap",
+    "augmentation",
+    "noise",
+    "boundary",
+    "boundary-cw",
+)
+"""The suite `privacylab run` runs on every target."""
+
+ALIASES = {"lira": "lira-online", "hopskipjump": "boundary", "cw": "boundary-cw"}
+
+SUBSAMPLED = {"boundary", "boundary-cw"}
+"""Attacks that cost thousands of queries per example and run on a balanced subsample."""
+
+
+def resolve_attacks(names: Sequence[str]) -> list[str]:
+    """Attack names with aliases resolved, or AttackError naming the unknown one."""
+    known = set(attack_names())
+    out = []
+    for name in names:
+        name = ALIASES.get(name.strip(), name.strip())
+        if name not in known:
+            choices = ", ".join(sorted(known | set(ALIASES)))
+            raise AttackError(f"unknown membership attack {name!r}; choose one of {choices}")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+@dataclass
+class RunConfig:
+    """Everything `privacylab run` varies. `members` is the target's training-set size, the
+    same number of non-members are candidates and `population` more rows are the attacker's."""
+
+    dataset: str = "mnist5k"
+    model: str = "mlp"
+    model_options: dict[str, Any] = field(default_factory=lambda: {"widths": [256]})
+    epsilons: tuple[float, ...] = (1.0, 8.0)
+    nonprivate: bool = True
+    delta: float = 1e-5
+    attacks: tuple[str, ...] = DEFAULT_ATTACKS
+    references: int = 16
+    members: int = 2000
+    population: int = 1000
+    epochs: int = 30
+    batch_size: int = 128
+    lr: float = 0.1
+    dp_batch_size: int = 256
+    dp_lr: float = 0.2
+    max_grad_norm: float = 1.0
+    subsample: int = 200
+    workers: int = 2
+    seed: int = 0
+    root: str | None = None
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> RunConfig:
+        """A smaller run: 4 references, 15 epochs, 1,000 members, 60 boundary examples a side."""
+        base: dict[str, Any] = {
+            "references": 4,
+            "epochs": 15,
+            "members": 1000,
+            "population": 500,
+            "subsample": 60,
+        }
+        base.update(overrides)
+        return cls(**base)
+
+    def validate(self) -> RunConfig:
+        """One-line AttackError or TrainingError for the first bad option."""
+        self.attacks = tuple(resolve_attacks(self.attacks))
+        for eps in self.epsilons:
+            if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+                raise AttackError(f"every epsilon must be a finite number > 0, got {eps!r}")
+        if not self.epsilons and not self.nonprivate:
+            raise AttackError("nothing to attack: give epsilons or keep the non-private target")
+        for name in ("references", "members", "workers", "subsample"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise AttackError(f"{name} must be a whole number >= 1, got {value!r}")
+        if self.population < 0:
+            raise AttackError(f"population must be >= 0, got {self.population}")
+        return self
+
+    def recipes(self) -> list[tuple[str, Recipe]]:
+        """(target name, training recipe) for the non-private and each DP target."""
+        out = []
+        base = {"epochs": self.epochs, "seed": self.seed, "optimizer": "momentum"}
+        if self.nonprivate:
+            plain = TrainConfig(batch_size=self.batch_size, lr=self.lr, **base)
+            out.append(("non-private", self._recipe(plain)))
+        for eps in self.epsilons:
+            privacy = PrivacyConfig(
+                epsilon=float(eps), delta=self.delta, max_grad_norm=self.max_grad_norm
+            )
+            dp = TrainConfig(batch_size=self.dp_batch_size, lr=self.dp_lr, privacy=privacy, **base)
+            out.append((f"dp-eps{eps:g}", self._recipe(dp)))
+        return out
+
+    def _recipe(self, config: TrainConfig) -> Recipe:
+        config.validate()
+        return Recipe(self.dataset, self.model, config.to_dict(), self.model_options, self.root)
+
+
+Progress = Callable[[str, float, float], None]
+"""progress(stage, done, total)."""
+
+
+def _subsample(membership: np.ndarray, per_side: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    picks = [rng.permutation(np.flatnonzero(membership == side))[:per_side] for side in (1, 0)]
+    return np.sort(np.concatenate(picks))
+
+
+def attack_target(
+    target: Target,
+    task: MembershipTask,
+    membership: np.ndarray,
+    attacks: Sequence[str],
+    *,
+    subsample: int,
+    seed: int,
+    progress: Progress | None = None,
+) -> list[MembershipResult]:
+    """Run each attack; those in SUBSAMPLED on `subsample` members and as many non-members."""
+    results = []
+    small = _subsample(membership, subsample, seed)
+    small_task = MembershipTask(
+        task.x[small],
+        task.y[small],
+        task.num_classes,
+        task.population_x,
+        task.population_y,
+        task.references,
+        None
+        if task.keep is None
+        else np.concatenate([task.keep[:, small], task.keep[:, task.n :]], 1),
+    )
+    for i, name in enumerate(attacks):
+        if progress:
+            progress(f"attack {name}", i, len(attacks))
+        attack = make_attack(name)
+        if name in SUBSAMPLED:
+            results.append(run_attack(attack, target, small_task, membership[small]))
+        else:
+            results.append(run_attack(attack, target, task, membership))
+    if progress:
+        progress("attacks done", len(attacks), len(attacks))
+    return results
+
+
+def run_experiment(
+    config: RunConfig,
+    out: str | Path,
+    *,
+    cache: str | Path | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Train, attack and report; writes `out/results.json` and `out/index.html` and returns the
+    payload. Trained models live under `cache` (default `out/cache`) with their store."""
+    config.validate()
+    start = time.perf_counter()
+    out = Path(out)
+    cache = Path(cache) if cache is not None else out / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    data = load_dataset(config.dataset, config.root)
+    split = membership_split(
+        len(data),
+        target_size=config.members,
+        population_size=min(config.population, len(data) - 2 * config.members)
+        if len(data) >= 2 * config.members
+        else None,
+        seed=config.seed,
+    )
+    candidates, membership = split.target_indices()
+    universe = np.concatenate([candidates, split.population])
+    executor = make_executor("local", config.workers)
+    recipes = config.recipes()
+    payload: dict[str, Any] = {
+        "title": f"privacylab membership report: {data.name}, {config.model}",
+        "dataset": data.name,
+        "model": config.model,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": {**asdict(config), "attacks": list(config.attacks)},
+        "split": {
+            "members": len(split.target_members),
+            "nonmembers": len(split.target_nonmembers),
+            "population": len(split.population),
+        },
+        "targets": [],
+        "notes": [
+            "Scores are ranked per attack; TPR at fixed FPR follows Carlini et al. 2022.",
+            "The ε lower bound is the one implied by the attack's (TPR, FPR) with Clopper–Pearson "
+            "confidence; for a DP model it must not exceed the certified ε.",
+            f"Attacks {', '.join(sorted(SUBSAMPLED & set(config.attacks))) or 'none'} run on "
+            f"{config.subsample} members and {config.subsample} non-members.",
+        ],
+    }
+    images: dict[str, bytes] = {}
+    with ResultStore(cache / "store.sqlite") as store:
+        target_jobs = {
+            config_key({"target": recipe.to_dict(), "members": split.target_members.tolist()}): {
+                "recipe": recipe.to_dict(),
+                "indices": split.target_members.tolist(),
+                "seed": config.seed,
+                "folder": str(cache / "targets" / name),
+            }
+            for name, recipe in recipes
+        }
+        done = [0]
+
+        def tick(key: str, value: dict[str, Any], cached: bool) -> None:
+            done[0] += 1
+            if progress:
+                progress("train targets", done[0], len(target_jobs))
+
+        trained = durable_map(train_one, target_jobs, store, "targets", executor, on_done=tick)
+        for index, ((name, recipe), key) in enumerate(zip(recipes, target_jobs, strict=True)):
+            record = trained[key]
+            refs_done = [0]
+
+            def ref_tick(
+                k: str,
+                v: dict[str, Any],
+                c: bool,
+                name: str = name,
+                refs_done: list[int] = refs_done,
+            ) -> None:
+                refs_done[0] += 1
+                if progress:
+                    progress(f"references for {name}", refs_done[0], config.references)
+
+            pool = train_references(
+                recipe,
+                universe,
+                config.references,
+                config.members,
+                cache / "references",
+                store=store,
+                executor=executor,
+                seed=config.seed + index,
+                on_done=ref_tick,
+            )
+            model, _, _ = load_model(record["folder"])
+            target = Target(model, "white-box", data.num_classes)
+            task = MembershipTask(
+                data.features[candidates],
+                data.labels[candidates],
+                data.num_classes,
+                data.features[split.population],
+                data.labels[split.population],
+                pool.models,
+                pool.keep,
+            )
+
+            def stage(s: str, d: float, t: float, name: str = name) -> None:
+                if progress:
+                    progress(f"{name}: {s}", d, t)
+
+            results = attack_target(
+                target,
+                task,
+                membership,
+                config.attacks,
+                subsample=config.subsample,
+                seed=config.seed,
+                progress=stage,
+            )
+            test_accuracy = _accuracy(
+                target, data.features[split.target_nonmembers], data.labels[split.target_nonmembers]
+            )
+            epsilon = record.get("epsilon")
+            metrics = [membership_metrics(r, delta=config.delta).to_dict() for r in results]
+            roc_name = f"roc_{name}.png"
+            images[roc_name] = roc_figure(results, f"{name}: ROC (log-log)")
+            hists = {}
+            for r in results:
+                file = f"hist_{name}_{r.attack}.png"
+                images[file] = histogram_figure(r, f"{name}: {r.attack}")
+                hists[r.attack] = file
+            payload["targets"].append(
+                {
+                    "name": name,
+                    "epsilon": epsilon,
+                    "delta": config.delta if epsilon is not None else None,
+                    "accountant": recipe.train["privacy"]["accountant"]
+                    if recipe.train.get("privacy")
+                    else None,
+                    "train_accuracy": record["train_accuracy"],
+                    "test_accuracy": test_accuracy,
+                    "references": config.references,
+                    "attacks": metrics,
+                    "images": {"roc": roc_name, "histograms": hists},
+                }
+            )
+    payload["seconds"] = time.perf_counter() - start
+    write_report(out, payload, images)
+    return payload
+
+
+def _accuracy(target: Target, x: Any, y: Any) -> float:
+    if len(y) == 0:
+        return float("nan")
+    return float((target.labels(x) == y).float().mean())
