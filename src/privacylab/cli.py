@@ -1,6 +1,6 @@
 """The `privacylab` command line: one typer app whose sub-commands mirror the packages.
 
-Only `account` exists so far. Every command prints its result on stdout (one JSON object with
+Every command prints its result on stdout (one JSON object with
 `--json`), progress and notes on stderr, and answers bad input with exit code 2 and exactly one
 `error: ...` line on stderr.
 """
@@ -124,6 +124,10 @@ def _guarded(fn: Callable[[], None]) -> None:
         fn()
     except (PrivacyParameterError, ValueError, OverflowError) as e:
         _fail(str(e))
+    except RuntimeError as e:
+        if type(e).__name__ not in ("TaskError", "QueryBudgetError"):
+            raise
+        _fail(str(e), 1)
     except OSError as e:
         _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
 
@@ -625,5 +629,207 @@ def train_command(
         if summary["note"]:
             typer.echo(f"note: {summary['note']}")
         console.print(f"wrote {out}")
+
+    _guarded(run)
+
+
+class _Stages:
+    """A rich progress bar per stage of a long job, on stderr (hidden when not a terminal)."""
+
+    def __init__(self, console: Console) -> None:
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed:.0f}/{task.total:.0f}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            disable=not console.is_terminal,
+        )
+        self.tasks: dict[str, Any] = {}
+
+    def __call__(self, stage: str, done: float, total: float) -> None:
+        key = stage.split(": attack ")[0] if ": attack " in stage else stage
+        if key not in self.tasks:
+            self.tasks[key] = self.bar.add_task(key, total=max(total, 1))
+        self.bar.update(self.tasks[key], completed=done, description=stage)
+
+    def __enter__(self) -> _Stages:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.__exit__(None, None, None)
+
+
+def _print_summary(payload: dict[str, Any]) -> None:
+    from privacylab.report.html import SUMMARY_COLUMNS, summary_table_rows
+
+    table = Table(title=payload.get("title"))
+    for _, header in SUMMARY_COLUMNS:
+        table.add_column(header)
+    for row in summary_table_rows(payload):
+        style = "red" if row.get("violation") else None
+        table.add_row(*[str(row.get(key, "")) for key, _ in SUMMARY_COLUMNS], style=style)
+    Console().print(table)
+
+
+def _floats(text: str, name: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated numbers, got {text!r}") from None
+
+
+@app.command("run")
+def run_command(
+    out: Annotated[
+        Path, typer.Option("--out", help="Report folder (results.json, index.html).")
+    ] = Path("privacylab-report"),
+    dataset: Annotated[str, typer.Option("--dataset", help="Dataset name.")] = "mnist5k",
+    model: Annotated[str, typer.Option("--model", help="Model name.")] = "mlp",
+    widths: Annotated[str, typer.Option("--widths", help="Hidden widths, e.g. 256.")] = "256",
+    epsilons: Annotated[
+        str, typer.Option("--epsilons", help="ε of the DP-SGD targets, comma-separated.")
+    ] = "1,8",
+    no_nonprivate: Annotated[
+        bool, typer.Option("--no-nonprivate", help="Skip the non-private target.")
+    ] = False,
+    attacks: Annotated[
+        str | None, typer.Option("--attacks", help="Comma-separated attacks (default: all).")
+    ] = None,
+    references: Annotated[
+        int | None, typer.Option("--references", help="Reference models per target.")
+    ] = None,
+    members: Annotated[
+        int | None, typer.Option("--members", help="Training-set size of each target.")
+    ] = None,
+    epochs: Annotated[int | None, typer.Option("--epochs", help="Training epochs.")] = None,
+    workers: Annotated[int, typer.Option("--workers", help="Training processes.")] = 2,
+    cache: Annotated[
+        Path | None, typer.Option("--cache", help="Trained models and store (default OUT/cache).")
+    ] = None,
+    quick: Annotated[
+        bool, typer.Option("--quick", help="4 references, 15 epochs, 1,000 members.")
+    ] = False,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    root: Annotated[Path | None, typer.Option("--root", help="Folder of on-disk datasets.")] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Train a non-private and DP-SGD targets, attack each with the membership suite (metric,
+    shadow, LiRA, RMIA, label-only) and write the report to OUT; resumes after a kill."""
+
+    def run() -> None:
+        from privacylab.experiment import DEFAULT_ATTACKS, RunConfig, run_experiment
+
+        options: dict[str, Any] = {
+            "dataset": dataset,
+            "model": model,
+            "model_options": {"widths": list(_widths(widths) or ())} if widths else {},
+            "epsilons": _floats(epsilons, "--epsilons"),
+            "nonprivate": not no_nonprivate,
+            "attacks": tuple(a for a in (attacks or ",".join(DEFAULT_ATTACKS)).split(",") if a),
+            "workers": workers,
+            "seed": seed,
+            "root": str(root) if root is not None else None,
+        }
+        for name, value in (("references", references), ("members", members), ("epochs", epochs)):
+            if value is not None:
+                options[name] = value
+        config = RunConfig.quick(**options) if quick else RunConfig(**options)
+        config.validate()
+        with _Stages(_stderr()) as stages:
+            payload = run_experiment(config, out, cache=cache, progress=stages)
+        if json_output:
+            _emit_json(payload)
+            return
+        _print_summary(payload)
+        _stderr().print(f"wrote {out / 'index.html'} and {out / 'results.json'}")
+
+    _guarded(run)
+
+
+attack_app = typer.Typer(help="Attacks on a saved model.", no_args_is_help=True)
+app.add_typer(attack_app, name="attack")
+
+
+@attack_app.command("membership")
+def attack_membership_command(
+    target: Annotated[
+        Path, typer.Option("--target", help="A model folder written by `privacylab train`.")
+    ],
+    attack: Annotated[
+        str, typer.Option("--attack", help="Attack name(s), comma-separated, e.g. lira,rmia.")
+    ] = "lira",
+    references: Annotated[int, typer.Option("--references", help="Reference models.")] = 16,
+    workers: Annotated[int, typer.Option("--workers", help="Training processes.")] = 2,
+    cache: Annotated[
+        Path | None, typer.Option("--cache", help="Reference models (default TARGET/attack-cache).")
+    ] = None,
+    subsample: Annotated[
+        int, typer.Option("--subsample", help="Examples a side for boundary attacks.")
+    ] = 200,
+    root: Annotated[Path | None, typer.Option("--root", help="Folder of on-disk datasets.")] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Membership inference against a saved model: its training rows are the members, half of
+    its test rows the non-members; references are trained with its own recipe."""
+
+    def run() -> None:
+        from privacylab.experiment import attack_target, resolve_attacks, saved_target_game
+        from privacylab.report import membership_metrics
+
+        names = resolve_attacks([a for a in attack.split(",") if a.strip()])
+        with _Stages(_stderr()) as stages:
+            game = saved_target_game(
+                target,
+                references=references,
+                cache=cache if cache is not None else target / "attack-cache",
+                workers=workers,
+                root=str(root) if root is not None else None,
+                progress=stages,
+            )
+            results = attack_target(
+                game.target,
+                game.task,
+                game.membership,
+                names,
+                subsample=subsample,
+                seed=0,
+                progress=stages,
+            )
+        delta = (game.recipe.train.get("privacy") or {}).get("delta", 1e-5)
+        payload = {
+            "target": str(target),
+            "epsilon": game.record.get("epsilon"),
+            "delta": delta,
+            "train_accuracy": game.record["train_accuracy"],
+            "test_accuracy": game.test_accuracy,
+            "references": references,
+            "attacks": [membership_metrics(r, delta=delta).to_dict() for r in results],
+        }
+        if json_output:
+            _emit_json(payload)
+            return
+        _print_summary(
+            {
+                "title": f"membership inference on {target}",
+                "targets": [
+                    {
+                        "name": game.name,
+                        **{
+                            k: payload[k]
+                            for k in (
+                                "epsilon",
+                                "delta",
+                                "train_accuracy",
+                                "test_accuracy",
+                                "attacks",
+                            )
+                        },
+                    }
+                ],
+            }
+        )
 
     _guarded(run)

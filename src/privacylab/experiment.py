@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,8 +33,6 @@ from privacylab.data import load_dataset, membership_split
 from privacylab.execution import ResultStore, config_key, durable_map, make_executor
 from privacylab.models import load_model
 from privacylab.report import membership_metrics
-from privacylab.report.html import write_report
-from privacylab.report.plots import histogram_figure, roc_figure
 from privacylab.target import Target
 from privacylab.training import PrivacyConfig, TrainConfig
 
@@ -197,54 +195,51 @@ def attack_target(
     return results
 
 
-def run_experiment(
-    config: RunConfig,
-    out: str | Path,
-    *,
-    cache: str | Path | None = None,
-    progress: Progress | None = None,
-) -> dict[str, Any]:
-    """Train, attack and report; writes `out/results.json` and `out/index.html` and returns the
-    payload. Trained models live under `cache` (default `out/cache`) with their store."""
+@dataclass(eq=False)
+class Game:
+    """One target ready to attack: its name, recipe and training record, the target (white-box,
+    each attack narrows it), the attacker's task and the truth for the candidates."""
+
+    name: str
+    recipe: Recipe
+    record: dict[str, Any]
+    target: Target
+    task: MembershipTask
+    membership: np.ndarray
+    test_accuracy: float
+
+
+def prepare_games(
+    config: RunConfig, cache: str | Path, *, progress: Progress | None = None
+) -> Iterator[Game]:
+    """Train (or load from `cache`) every target and its references, yielding one Game per
+    target. Each model is recorded in `cache/store.sqlite` as it finishes, so a killed run
+    resumes and a second run trains nothing."""
     config.validate()
-    start = time.perf_counter()
-    out = Path(out)
-    cache = Path(cache) if cache is not None else out / "cache"
+    cache = Path(cache)
     cache.mkdir(parents=True, exist_ok=True)
     data = load_dataset(config.dataset, config.root)
+    population = None
+    if len(data) >= 2 * config.members:
+        population = min(config.population, len(data) - 2 * config.members)
     split = membership_split(
-        len(data),
-        target_size=config.members,
-        population_size=min(config.population, len(data) - 2 * config.members)
-        if len(data) >= 2 * config.members
-        else None,
-        seed=config.seed,
+        len(data), target_size=config.members, population_size=population, seed=config.seed
     )
     candidates, membership = split.target_indices()
     universe = np.concatenate([candidates, split.population])
     executor = make_executor("local", config.workers)
     recipes = config.recipes()
-    payload: dict[str, Any] = {
-        "title": f"privacylab membership report: {data.name}, {config.model}",
-        "dataset": data.name,
-        "model": config.model,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": {**asdict(config), "attacks": list(config.attacks)},
-        "split": {
-            "members": len(split.target_members),
-            "nonmembers": len(split.target_nonmembers),
-            "population": len(split.population),
-        },
-        "targets": [],
-        "notes": [
-            "Scores are ranked per attack; TPR at fixed FPR follows Carlini et al. 2022.",
-            "The ε lower bound is the one implied by the attack's (TPR, FPR) with Clopper–Pearson "
-            "confidence; for a DP model it must not exceed the certified ε.",
-            f"Attacks {', '.join(sorted(SUBSAMPLED & set(config.attacks))) or 'none'} run on "
-            f"{config.subsample} members and {config.subsample} non-members.",
-        ],
-    }
-    images: dict[str, bytes] = {}
+
+    def counter(stage: str, total: int) -> Callable[[str, dict[str, Any], bool], None]:
+        done = [0]
+
+        def tick(key: str, value: dict[str, Any], cached: bool) -> None:
+            done[0] += 1
+            if progress:
+                progress(stage, done[0], total)
+
+        return tick
+
     with ResultStore(cache / "store.sqlite") as store:
         target_jobs = {
             config_key({"target": recipe.to_dict(), "members": split.target_members.tolist()}): {
@@ -255,29 +250,15 @@ def run_experiment(
             }
             for name, recipe in recipes
         }
-        done = [0]
-
-        def tick(key: str, value: dict[str, Any], cached: bool) -> None:
-            done[0] += 1
-            if progress:
-                progress("train targets", done[0], len(target_jobs))
-
-        trained = durable_map(train_one, target_jobs, store, "targets", executor, on_done=tick)
+        trained = durable_map(
+            train_one,
+            target_jobs,
+            store,
+            "targets",
+            executor,
+            on_done=counter("train targets", len(target_jobs)),
+        )
         for index, ((name, recipe), key) in enumerate(zip(recipes, target_jobs, strict=True)):
-            record = trained[key]
-            refs_done = [0]
-
-            def ref_tick(
-                k: str,
-                v: dict[str, Any],
-                c: bool,
-                name: str = name,
-                refs_done: list[int] = refs_done,
-            ) -> None:
-                refs_done[0] += 1
-                if progress:
-                    progress(f"references for {name}", refs_done[0], config.references)
-
             pool = train_references(
                 recipe,
                 universe,
@@ -287,9 +268,9 @@ def run_experiment(
                 store=store,
                 executor=executor,
                 seed=config.seed + index,
-                on_done=ref_tick,
+                on_done=counter(f"references for {name}", config.references),
             )
-            model, _, _ = load_model(record["folder"])
+            model, _, _ = load_model(trained[key]["folder"])
             target = Target(model, "white-box", data.num_classes)
             task = MembershipTask(
                 data.features[candidates],
@@ -300,47 +281,86 @@ def run_experiment(
                 pool.models,
                 pool.keep,
             )
+            nonmembers = split.target_nonmembers
+            accuracy = _accuracy(target, data.features[nonmembers], data.labels[nonmembers])
+            yield Game(name, recipe, trained[key], target, task, membership, accuracy)
 
-            def stage(s: str, d: float, t: float, name: str = name) -> None:
-                if progress:
-                    progress(f"{name}: {s}", d, t)
 
-            results = attack_target(
-                target,
-                task,
-                membership,
-                config.attacks,
-                subsample=config.subsample,
-                seed=config.seed,
-                progress=stage,
-            )
-            test_accuracy = _accuracy(
-                target, data.features[split.target_nonmembers], data.labels[split.target_nonmembers]
-            )
-            epsilon = record.get("epsilon")
-            metrics = [membership_metrics(r, delta=config.delta).to_dict() for r in results]
-            roc_name = f"roc_{name}.png"
-            images[roc_name] = roc_figure(results, f"{name}: ROC (log-log)")
-            hists = {}
-            for r in results:
-                file = f"hist_{name}_{r.attack}.png"
-                images[file] = histogram_figure(r, f"{name}: {r.attack}")
-                hists[r.attack] = file
-            payload["targets"].append(
-                {
-                    "name": name,
-                    "epsilon": epsilon,
-                    "delta": config.delta if epsilon is not None else None,
-                    "accountant": recipe.train["privacy"]["accountant"]
-                    if recipe.train.get("privacy")
-                    else None,
-                    "train_accuracy": record["train_accuracy"],
-                    "test_accuracy": test_accuracy,
-                    "references": config.references,
-                    "attacks": metrics,
-                    "images": {"roc": roc_name, "histograms": hists},
-                }
-            )
+def run_experiment(
+    config: RunConfig,
+    out: str | Path,
+    *,
+    cache: str | Path | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Train, attack and report; writes `out/results.json` and `out/index.html` and returns the
+    payload. Trained models live under `cache` (default `out/cache`) with their store."""
+    from privacylab.report.html import write_report
+    from privacylab.report.plots import histogram_figure, roc_figure
+
+    config.validate()
+    start = time.perf_counter()
+    out = Path(out)
+    payload: dict[str, Any] = {
+        "title": f"privacylab membership report: {config.dataset}, {config.model}",
+        "dataset": config.dataset,
+        "model": config.model,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": {**asdict(config), "attacks": list(config.attacks)},
+        "targets": [],
+        "notes": [
+            "Scores are ranked per attack; TPR at fixed FPR follows Carlini et al. 2022.",
+            "The ε lower bound is the one implied by the attack's (TPR, FPR) with Clopper–Pearson "
+            "confidence; for a DP model it must not exceed the certified ε.",
+            f"Attacks {', '.join(sorted(SUBSAMPLED & set(config.attacks))) or 'none'} run on "
+            f"{config.subsample} members and {config.subsample} non-members.",
+        ],
+    }
+    images: dict[str, bytes] = {}
+    for game in prepare_games(
+        config, cache if cache is not None else out / "cache", progress=progress
+    ):
+        name = game.name
+
+        def stage(s: str, d: float, t: float, name: str = name) -> None:
+            if progress:
+                progress(f"{name}: {s}", d, t)
+
+        results = attack_target(
+            game.target,
+            game.task,
+            game.membership,
+            config.attacks,
+            subsample=config.subsample,
+            seed=config.seed,
+            progress=stage,
+        )
+        epsilon = game.record.get("epsilon")
+        metrics = [membership_metrics(r, delta=config.delta).to_dict() for r in results]
+        roc_name = f"roc_{name}.png"
+        images[roc_name] = roc_figure(results, f"{name}: ROC (log-log)")
+        hists = {}
+        for r in results:
+            file = f"hist_{name}_{r.attack}.png"
+            images[file] = histogram_figure(r, f"{name}: {r.attack}")
+            hists[r.attack] = file
+        privacy = game.recipe.train.get("privacy")
+        payload["targets"].append(
+            {
+                "name": name,
+                "epsilon": epsilon,
+                "delta": config.delta if epsilon is not None else None,
+                "accountant": privacy["accountant"] if privacy else None,
+                "train_accuracy": game.record["train_accuracy"],
+                "test_accuracy": game.test_accuracy,
+                "members": int(game.membership.sum()),
+                "nonmembers": int((1 - game.membership).sum()),
+                "population": game.task.m,
+                "references": config.references,
+                "attacks": metrics,
+                "images": {"roc": roc_name, "histograms": hists},
+            }
+        )
     payload["seconds"] = time.perf_counter() - start
     write_report(out, payload, images)
     return payload
@@ -350,3 +370,79 @@ def _accuracy(target: Target, x: Any, y: Any) -> float:
     if len(y) == 0:
         return float("nan")
     return float((target.labels(x) == y).float().mean())
+
+
+def _train_test_rows(n: int, train_size: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows `privacylab.data.split_train_test` gives to (train, test), as indices."""
+    if train_size is not None:
+        return np.arange(train_size), np.arange(train_size, n)
+    order = np.random.default_rng(seed).permutation(n)
+    n_test = round(n * 0.2)
+    return order[n_test:], order[:n_test]
+
+
+def saved_target_game(
+    path: str | Path,
+    *,
+    references: int,
+    cache: str | Path,
+    workers: int = 2,
+    root: str | None = None,
+    progress: Progress | None = None,
+) -> Game:
+    """The membership game for a model saved by `privacylab train`: its training rows are the
+    members; half of its test rows are the non-member candidates and the other half the
+    attacker's population. References are trained with the recipe in the model's sidecar."""
+    model, spec, meta = load_model(path)
+    try:
+        dataset = meta["data"]["name"]
+        training = dict(meta["training"])
+    except (KeyError, TypeError):
+        raise AttackError(
+            f"{path} has no training recipe in its sidecar; train it with `privacylab train`"
+        ) from None
+    if isinstance(references, bool) or references < 1:
+        raise AttackError(f"references must be a whole number >= 1, got {references!r}")
+    data = load_dataset(dataset, root)
+    members, test_rows = _train_test_rows(len(data), data.train_size, training.get("seed", 0))
+    order = np.random.default_rng(training.get("seed", 0) + 7).permutation(test_rows)
+    nonmembers, population = np.sort(order[: len(order) // 2]), np.sort(order[len(order) // 2 :])
+    candidates = np.concatenate([members, nonmembers])
+    membership = np.r_[np.ones(len(members), np.int64), np.zeros(len(nonmembers), np.int64)]
+    recipe = Recipe(dataset, spec.name, training, dict(spec.options), root)
+    tick_count = [0]
+
+    def tick(key: str, value: dict[str, Any], cached: bool) -> None:
+        tick_count[0] += 1
+        if progress:
+            progress("references", tick_count[0], references)
+
+    with ResultStore(Path(cache) / "store.sqlite") as store:
+        pool = train_references(
+            recipe,
+            np.concatenate([candidates, population]),
+            references,
+            len(members),
+            Path(cache) / "references",
+            store=store,
+            executor=make_executor("local", workers),
+            seed=training.get("seed", 0),
+            on_done=tick,
+        )
+    target = Target(model, "white-box", data.num_classes)
+    task = MembershipTask(
+        data.features[candidates],
+        data.labels[candidates],
+        data.num_classes,
+        data.features[population],
+        data.labels[population],
+        pool.models,
+        pool.keep,
+    )
+    accuracy = _accuracy(target, data.features[nonmembers], data.labels[nonmembers])
+    record = {
+        "folder": str(path),
+        "train_accuracy": _accuracy(target, data.features[members], data.labels[members]),
+        "epsilon": (meta.get("summary") or {}).get("epsilon"),
+    }
+    return Game(Path(path).name, recipe, record, target, task, membership, accuracy)
