@@ -633,6 +633,10 @@ def train_command(
     _guarded(run)
 
 
+TERMINAL_HIDDEN = ("access", "balanced_accuracy", "seconds")
+"""Summary columns left to the HTML report when printing to a terminal."""
+
+
 class _Stages:
     """A rich progress bar per stage of a long job, on stderr (hidden when not a terminal)."""
 
@@ -665,13 +669,14 @@ class _Stages:
 def _print_summary(payload: dict[str, Any]) -> None:
     from privacylab.report.html import SUMMARY_COLUMNS, summary_table_rows
 
+    shown = [(k, h) for k, h in SUMMARY_COLUMNS if k not in TERMINAL_HIDDEN]
     table = Table(title=payload.get("title"))
-    for _, header in SUMMARY_COLUMNS:
-        table.add_column(header)
+    for _, header in shown:
+        table.add_column(header, overflow="fold")
     for row in summary_table_rows(payload):
         style = "red" if row.get("violation") else None
-        table.add_row(*[str(row.get(key, "")) for key, _ in SUMMARY_COLUMNS], style=style)
-    Console().print(table)
+        table.add_row(*[str(row.get(key, "")) for key, _ in shown], style=style)
+    Console(width=max(Console().width, 120)).print(table)
 
 
 def _floats(text: str, name: str) -> tuple[float, ...]:

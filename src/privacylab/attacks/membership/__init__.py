@@ -1,6 +1,7 @@
 """Membership inference attacks: each declares its access and returns a MembershipResult."""
 
 from privacylab.attacks.membership import (  # noqa: F401  (register the attacks)
+    boundary,
     label_only,
     lira,
     metric,

@@ -79,9 +79,7 @@ def _project(x: Tensor, adv: Tensor, alpha: Tensor) -> Tensor:
     return (1 - alpha).unsqueeze(1) * x + alpha.unsqueeze(1) * adv
 
 
-def _binary_search(
-    oracle: _Oracle, x: Tensor, adv: Tensor, index: Tensor, steps: int
-) -> Tensor:
+def _binary_search(oracle: _Oracle, x: Tensor, adv: Tensor, index: Tensor, steps: int) -> Tensor:
     """Bin-search to the boundary (Chen et al. 2020, Alg. 1 / Alg. 2 for ℓ2): on the segment
     from x (clean) to adv (adversarial) halve [low, high] `steps` times (until
     high − low ≤ θ) and return the point at `high`, which stays adversarial."""
@@ -402,9 +400,7 @@ def _cw_batch(
         with torch.no_grad():
             upper = torch.where(success, torch.minimum(upper, c), upper)
             lower = torch.where(success, lower, torch.maximum(lower, c))
-            c = torch.where(
-                torch.isfinite(upper), (lower + upper) / 2, c * 10
-            )
+            c = torch.where(torch.isfinite(upper), (lower + upper) / 2, c * 10)
     found = torch.isfinite(best_dist) | ~correct
     best_adv[~correct] = x[~correct]
     dist = torch.where(correct, best_dist, torch.zeros_like(best_dist))
@@ -412,9 +408,7 @@ def _cw_batch(
     return best_adv, dist.cpu().numpy(), found.cpu().numpy(), correct.cpu().numpy()
 
 
-def _calibrate(
-    task: MembershipTask, size: int, seed: int, distances: Any
-) -> float:
+def _calibrate(task: MembershipTask, size: int, seed: int, distances: Any) -> float:
     """Threshold of best balanced accuracy on reference in/out distances, measured on up to
     `size` examples per reference drawn from the attacker's own examples."""
     assert task.keep is not None
@@ -500,9 +494,9 @@ class BoundaryDistanceAttack(MembershipAttack):
                 task,
                 self.calibration_size,
                 self.seed,
-                lambda ref, x, y: self._run(
-                    ref.with_access(Access.LABEL), x, y, clip, self.seed + 1
-                ).distance,
+                lambda ref, x, y: (
+                    self._run(ref.with_access(Access.LABEL), x, y, clip, self.seed + 1).distance
+                ),
             )
             params["threshold"] = threshold
             predictions = (points.distance >= threshold).astype(np.int64)

@@ -203,7 +203,9 @@ class AugmentationAttack(MembershipAttack):
 
     def __init__(self, kind: str = "translation", r: float = 4.0, d: int = 1) -> None:
         if kind not in ("rotation", "translation"):
-            raise AttackError(f'augmentation kind must be "rotation" or "translation", got {kind!r}')
+            raise AttackError(
+                f'augmentation kind must be "rotation" or "translation", got {kind!r}'
+            )
         self.kind = kind
         self.r = _positive_float("rotation r (degrees)", r, high=180.0)
         self.d = _positive_int("translation d (pixels)", d)
@@ -256,7 +258,7 @@ class NoiseRobustnessAttack(MembershipAttack):
     access: ClassVar[Access] = Access.LABEL
 
     def __init__(
-        self, sigma: float = 0.5, n_samples: int = 50, clip: ClipOption = "data", seed: int = 0
+        self, sigma: float = 0.3, n_samples: int = 50, clip: ClipOption = "data", seed: int = 0
     ) -> None:
         self.sigma = _positive_float("sigma", sigma)
         self.n_samples = _positive_int("n_samples", n_samples)
@@ -309,3 +311,4 @@ class NoiseRobustnessAttack(MembershipAttack):
         return AttackScores(
             scores=scores, predictions=(scores >= threshold).astype(np.int64), params=params
         )
+

@@ -5,8 +5,9 @@ k shadow models are trained like the target on data whose membership the attacke
 the reference models and their keep masks). For every class c an attack model learns, from the
 shadow models' probability vectors on examples of class c, whether the example was IN; it is then
 applied to the target's probability vector. Attack models are gradient-boosted trees on the
-log-probabilities with the true class's log-probability and the loss as extra columns (Shokri et
-al. used small neural networks; trees are as strong here and need no tuning).
+log-probabilities sorted and in class order, with the true class's log-probability as an extra
+column (Shokri et al. used small neural networks; trees need no tuning). They run on one thread:
+OpenMP in scikit-learn next to torch's own pool slows them a hundredfold.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier
+from threadpoolctl import threadpool_limits
 
 from privacylab.attacks.membership.base import (
     AttackScores,
@@ -68,7 +70,8 @@ class ShadowModelAttack(MembershipAttack):
             model = HistGradientBoostingClassifier(
                 max_iter=self.max_iter, early_stopping=False, random_state=self.seed
             )
-            model.fit(train_x[rows], labels)
-            scores[cols] = model.predict_proba(test_x[cols])[:, 1]
+            with threadpool_limits(1):
+                model.fit(train_x[rows], labels)
+                scores[cols] = model.predict_proba(test_x[cols])[:, 1]
         predictions = (scores >= 0.5).astype(np.int64)
         return AttackScores(scores, predictions, {"shadows": k, "per_class": True})
