@@ -35,8 +35,8 @@ Label-only, on a balanced subsample of half B (100 + 100; ``--quick`` 40 + 40):
   no calibration bins, ``infer(..., probabilities=True)`` returns sigmoid(distance − τ): monotone
   in the HopSkipJump distance, so the ROC is that of the distance itself. HopSkipJump settings are
   reduced (``max_iter``, ``max_eval``, ``init_eval`` below) to a budget near ours.
-* ours ``boundary`` (our batched HopSkipJump, label-only) and ``boundary-cw`` (white-box C&W
-  distance) on exactly the same subsample.
+* ours ``boundary`` (our batched HopSkipJump, label-only) on exactly the same subsample, and with
+  ``--with-cw`` also ``boundary-cw`` (white-box C&W distance; slow on CPU: ~220 s for 80 examples).
 
 Queries count the examples sent to the *target*: ours from the result (`Target` counts them),
 ART's by wrapping the `PyTorchClassifier`'s ``predict`` (calls to reference models are not
@@ -84,8 +84,14 @@ from privacylab.experiment import (
 )
 from privacylab.report import membership_metrics
 
-LABEL_ONLY_OURS = ("boundary", "boundary-cw")
-ART_HSJ = {"norm": 2, "max_iter": 10, "max_eval": 1000, "init_eval": 50, "init_size": 100}
+ART_HSJ = {
+    "norm": 2,
+    "max_iter": 10,
+    "max_eval": 1000,
+    "init_eval": 50,
+    "init_size": 100,
+    "verbose": False,
+}
 """ART HopSkipJump settings (defaults are max_iter 50, max_eval 10000, init_eval 100)."""
 
 
@@ -156,7 +162,7 @@ class _Counted:
 
         def predict(x: np.ndarray, *args: Any, **kwargs: Any) -> np.ndarray:
             self.queries += int(x.shape[0])
-            return original(x, *args, **kwargs)
+            return original(np.asarray(x, dtype=np.float32), *args, **kwargs)
 
         self.classifier.predict = predict  # type: ignore[method-assign]
 
@@ -247,7 +253,7 @@ def _art_label_only(
     calibration.calibrate_distance_threshold(
         all_x[inside], all_y[inside], all_x[outside], all_y[outside], **ART_HSJ
     )
-    tau = float(calibration.distance_threshold_tau)
+    tau = max(float(calibration.distance_threshold_tau), 1e-9)
     calibrated = time.perf_counter() - start
     counted = _Counted(target_model, shape, task.num_classes)
     attack = LabelOnlyDecisionBoundary(counted.classifier, distance_threshold_tau=tau)
@@ -272,7 +278,11 @@ def _art_label_only(
 
 
 def _ours_label_only(
-    game_target: Any, task: MembershipTask, membership: np.ndarray, small: np.ndarray
+    game_target: Any,
+    task: MembershipTask,
+    membership: np.ndarray,
+    small: np.ndarray,
+    names: tuple[str, ...],
 ) -> list[MembershipResult]:
     small_task = MembershipTask(
         task.x[small],
@@ -286,7 +296,7 @@ def _ours_label_only(
         else np.concatenate([task.keep[:, small], task.keep[:, task.n :]], 1),
     )
     out = []
-    for name in LABEL_ONLY_OURS:
+    for name in names:
         result = run_attack(make_attack(name), game_target, small_task, membership[small])
         _log(f"  {name}: {result.seconds:.1f} s")
         out.append(result)
@@ -306,7 +316,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
-def compare(config: RunConfig, cache: Path, per_side: int) -> list[dict[str, Any]]:
+def compare(
+    config: RunConfig, cache: Path, per_side: int, with_cw: bool = False
+) -> list[dict[str, Any]]:
     """Every method on every target of `config`."""
     ours = tuple(a for a in DEFAULT_ATTACKS if a not in SUBSAMPLED)
     config.attacks = ours
@@ -324,7 +336,13 @@ def compare(config: RunConfig, cache: Path, per_side: int) -> list[dict[str, Any
         small = _balanced(half_b, membership, per_side, config.seed + 1)
         label_rows = [
             _row(r, "privacylab", config.delta)
-            for r in _ours_label_only(game.target, task, membership, small)
+            for r in _ours_label_only(
+                game.target,
+                task,
+                membership,
+                small,
+                ("boundary", "boundary-cw") if with_cw else ("boundary",),
+            )
         ]
         art_label = _art_label_only(
             task, membership, game.target.model, small, per_side, config.seed
@@ -472,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", default=None, help="model cache (default: a temporary dir)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--label-only", type=int, default=None, help="per side: 100 (quick 40)")
+    parser.add_argument("--with-cw", action="store_true", help="add boundary-cw (slow)")
     parser.add_argument("--no-timing", action="store_true", help="skip reference-training timing")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -488,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     temporary = args.cache is None
     cache = Path(tempfile.mkdtemp(prefix="mia_vs_art_") if temporary else args.cache)
     try:
-        targets = compare(config, cache, per_side)
+        targets = compare(config, cache, per_side, args.with_cw)
     finally:
         if temporary:
             shutil.rmtree(cache, ignore_errors=True)

@@ -3,9 +3,10 @@ with the membership suite, and write the privacy report.
 
 The membership game follows Carlini et al. 2022 (Sec. III): the dataset is cut by a seeded
 permutation into target members, target non-members (the candidates, half of each) and a
-population the target never sees. References are trained with each target's own recipe on
-subsets of candidates ∪ population (so every candidate has IN and OUT references), through an
-executor, and are kept in a durable store: a second run reuses them and a killed run resumes.
+population neither the target nor any reference trains on (RMIA's z). References are trained
+with each target's own recipe on random halves of the candidates, so every candidate is IN for
+half of them and OUT for the other half, through an executor, and are kept in a durable
+store: a second run reuses them and a killed run resumes.
 """
 
 from __future__ import annotations
@@ -226,7 +227,6 @@ def prepare_games(
         len(data), target_size=config.members, population_size=population, seed=config.seed
     )
     candidates, membership = split.target_indices()
-    universe = np.concatenate([candidates, split.population])
     executor = make_executor("local", config.workers)
     recipes = config.recipes()
 
@@ -261,7 +261,7 @@ def prepare_games(
         for index, ((name, recipe), key) in enumerate(zip(recipes, target_jobs, strict=True)):
             pool = train_references(
                 recipe,
-                universe,
+                candidates,
                 config.references,
                 config.members,
                 cache / "references",
@@ -279,7 +279,7 @@ def prepare_games(
                 data.features[split.population],
                 data.labels[split.population],
                 pool.models,
-                pool.keep,
+                pool.task_keep(len(split.population)),
             )
             nonmembers = split.target_nonmembers
             accuracy = _accuracy(target, data.features[nonmembers], data.labels[nonmembers])

@@ -311,4 +311,3 @@ class NoiseRobustnessAttack(MembershipAttack):
         return AttackScores(
             scores=scores, predictions=(scores >= threshold).astype(np.int64), params=params
         )
-

@@ -77,11 +77,16 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
     folder = Path(job["folder"])
     config = TrainConfig.from_dict({**recipe["train"], "seed": job["seed"]})
     model = build_model(
-        recipe["model"], data.input_shape, data.num_classes, seed=job["seed"],
+        recipe["model"],
+        data.input_shape,
+        data.num_classes,
+        seed=job["seed"],
         **recipe["model_options"],
     )
     result = train(
-        model, data.subset(np.asarray(job["indices"])), config,
+        model,
+        data.subset(np.asarray(job["indices"])),
+        config,
         checkpoint_dir=folder / "checkpoint",
     )
     spec = ModelSpec(recipe["model"], data.input_shape, data.num_classes, recipe["model_options"])
@@ -106,6 +111,11 @@ class ReferencePool:
     keep: np.ndarray
     universe: np.ndarray
     records: list[dict[str, Any]]
+
+    def task_keep(self, extra: int) -> np.ndarray:
+        """The keep mask for a MembershipTask whose candidates are the universe, followed by
+        `extra` population rows no reference trained on."""
+        return np.concatenate([self.keep, np.zeros((len(self.models), extra), bool)], 1)
 
 
 def train_references(
