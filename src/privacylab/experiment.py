@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from privacylab.attacks.membership import (
     MembershipResult,
@@ -169,7 +170,28 @@ def attack_target(
     seed: int,
     progress: Progress | None = None,
 ) -> list[MembershipResult]:
-    """Run each attack; those in SUBSAMPLED on `subsample` members and as many non-members."""
+    """Run each attack; those in SUBSAMPLED on `subsample` members and as many non-members.
+
+    Attacks are loops of small batched forward passes; they run on one torch thread, which on a
+    shared machine is many times faster than an OpenMP pool spinning for cores (restored after).
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _attack_all(target, task, membership, attacks, subsample, seed, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _attack_all(
+    target: Target,
+    task: MembershipTask,
+    membership: np.ndarray,
+    attacks: Sequence[str],
+    subsample: int,
+    seed: int,
+    progress: Progress | None,
+) -> list[MembershipResult]:
     results = []
     small = _subsample(membership, subsample, seed)
     small_task = MembershipTask(
