@@ -314,3 +314,17 @@ def test_a_second_run_reuses_every_reference(world: World) -> None:
     assert cached == [True] * REFERENCES
     assert pool.records == world.records
     assert np.array_equal(pool.task_keep(world.task.m), world.task.keep)
+
+
+def test_label_only_attacks_come_close_to_confidence_attacks(world: World) -> None:
+    """Choquette-Choo et al. 2021 (seed 000, "Can label-only MI attacks match prior attacks?"):
+    on an undefended model, boundary distance and noise robustness, seeing labels only, come
+    within a few points of the confidence attack and beat the gap baseline."""
+    confidence = roc_auc_score(world.truth, _attack(world, "confidence").scores)
+    gap = roc_auc_score(world.truth, _attack(world, "gap").scores)
+    label_only = {
+        name: roc_auc_score(world.truth, _attack(world, name).scores)
+        for name in ("noise", "boundary")
+    }
+    assert max(label_only.values()) > confidence - 0.05, (label_only, confidence)
+    assert min(label_only.values()) > gap, (label_only, gap)

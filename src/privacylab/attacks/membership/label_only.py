@@ -107,17 +107,27 @@ def best_threshold(scores: np.ndarray, members: np.ndarray) -> float:
     return float(candidates[best]) if balanced[best] > 0.5 else math.inf
 
 
+CALIBRATION_REFERENCES = 8
+CALIBRATION_ROWS = 2000
+
+
 def _reference_scores(
     task: MembershipTask, attack: str, feature: Any
 ) -> tuple[np.ndarray, np.ndarray]:
-    """`feature(target, x, y)` on every label-only reference for all of the attacker's
-    examples (candidates then population), stacked with the in/out truth from `task.keep`."""
-    x, y = task.all_x(), task.all_y()
+    """`feature(target, x, y)` on label-only references for the attacker's examples
+    (candidates then population), stacked with the in/out truth from `task.keep`; at most
+    CALIBRATION_REFERENCES references and CALIBRATION_ROWS seeded rows keep the cost bounded."""
     assert task.keep is not None
-    features = [feature(ref, x, y) for ref in task.reference_targets(Access.LABEL)]
+    rows = np.arange(task.n + task.m)
+    if len(rows) > CALIBRATION_ROWS:
+        rows = np.sort(np.random.default_rng(0).permutation(rows)[:CALIBRATION_ROWS])
+    index = torch.from_numpy(rows)
+    x, y = task.all_x()[index], task.all_y()[index]
+    refs = task.reference_targets(Access.LABEL)[:CALIBRATION_REFERENCES]
+    features = [feature(ref, x, y) for ref in refs]
     if not features:
         raise AttackError(f"{attack}: no reference models")
-    return np.concatenate(features), task.keep.reshape(-1)
+    return np.concatenate(features), task.keep[: len(refs), rows].reshape(-1)
 
 
 @register_attack("gap")
