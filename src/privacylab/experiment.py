@@ -97,19 +97,26 @@ class RunConfig:
     dp_lr: float = 0.2
     max_grad_norm: float = 1.0
     subsample: int = 200
+    attack_options: dict[str, dict[str, Any]] = field(default_factory=dict)
     workers: int = 2
     seed: int = 0
     root: str | None = None
 
     @classmethod
     def quick(cls, **overrides: Any) -> RunConfig:
-        """A smaller run: 4 references, 15 epochs, 1,000 members, 60 boundary examples a side."""
+        """A smaller run: 4 references, 15 epochs, 1,000 members, 60 boundary examples a side,
+        and lighter label-only attacks (fewer noisy copies, queries and C&W steps)."""
         base: dict[str, Any] = {
             "references": 4,
             "epochs": 15,
             "members": 1000,
             "population": 500,
             "subsample": 60,
+            "attack_options": {
+                "noise": {"n_samples": 20},
+                "boundary": {"max_queries": 1000},
+                "boundary-cw": {"steps": 100, "search_steps": 4},
+            },
         }
         base.update(overrides)
         return cls(**base)
@@ -169,6 +176,7 @@ def attack_target(
     subsample: int,
     seed: int,
     progress: Progress | None = None,
+    options: dict[str, dict[str, Any]] | None = None,
 ) -> list[MembershipResult]:
     """Run each attack; those in SUBSAMPLED on `subsample` members and as many non-members.
 
@@ -178,7 +186,9 @@ def attack_target(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _attack_all(target, task, membership, attacks, subsample, seed, progress)
+        return _attack_all(
+            target, task, membership, attacks, subsample, seed, progress, options or {}
+        )
     finally:
         torch.set_num_threads(threads)
 
@@ -191,6 +201,7 @@ def _attack_all(
     subsample: int,
     seed: int,
     progress: Progress | None,
+    options: dict[str, dict[str, Any]],
 ) -> list[MembershipResult]:
     results = []
     small = _subsample(membership, subsample, seed)
@@ -208,7 +219,7 @@ def _attack_all(
     for i, name in enumerate(attacks):
         if progress:
             progress(f"attack {name}", i, len(attacks))
-        attack = make_attack(name)
+        attack = make_attack(name, **options.get(name, {}))
         if name in SUBSAMPLED:
             results.append(run_attack(attack, target, small_task, membership[small]))
         else:
@@ -356,6 +367,7 @@ def run_experiment(
             subsample=config.subsample,
             seed=config.seed,
             progress=stage,
+            options=config.attack_options,
         )
         epsilon = game.record.get("epsilon")
         metrics = [membership_metrics(r, delta=config.delta).to_dict() for r in results]
