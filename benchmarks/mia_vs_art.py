@@ -36,7 +36,7 @@ Label-only, on a balanced subsample of half B (100 + 100; ``--quick`` 40 + 40):
   in the HopSkipJump distance, so the ROC is that of the distance itself. HopSkipJump settings are
   reduced (``max_iter``, ``max_eval``, ``init_eval`` below) to a budget near ours.
 * ours ``boundary`` (our batched HopSkipJump, label-only) on exactly the same subsample, and with
-  ``--with-cw`` also ``boundary-cw`` (white-box C&W distance; slow on CPU: ~220 s for 80 examples).
+  ``--with-cw`` also ``boundary-cw`` (white-box C&W distance; seconds on one thread).
 
 Queries count the examples sent to the *target*: ours from the result (`Target` counts them),
 ART's by wrapping the `PyTorchClassifier`'s ``predict`` (calls to reference models are not
@@ -72,7 +72,6 @@ from privacylab.attacks.membership import (
     make_attack,
     run_attack,
 )
-from privacylab.attacks.membership import boundary as _boundary  # noqa: F401  (registers it)
 from privacylab.data import load_dataset, membership_split
 from privacylab.execution import LocalExecutor, ResultStore
 from privacylab.experiment import (
