@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -50,12 +51,21 @@ def roc_figure(results: Sequence[MembershipResult], title: str) -> bytes:
         negatives = max(negatives, int(np.sum(np.asarray(result.membership) == 0)))
     low = min(1e-3, 1.0 / negatives)
 
-    fig = Figure(figsize=(6.0, 5.0))
+    fig = Figure(figsize=(9.5, 5.0), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     ax.plot([low, 1.0], [low, 1.0], linestyle="--", color="0.5", linewidth=1, label="chance")
-    for name, fpr, tpr in curves:
+    colors = matplotlib.colormaps["tab20"].colors
+    styles = ("-", "--", "-.", ":")
+    for i, (name, fpr, tpr) in enumerate(curves):
         label = f"{name} (AUC {auc(fpr, tpr):.3f}, TPR@0.1%FPR {tpr_at_fpr(fpr, tpr, 1e-3):.3f})"
-        ax.plot(np.clip(fpr, low, 1.0), np.clip(tpr, low, 1.0), linewidth=1.5, label=label)
+        ax.plot(
+            np.clip(fpr, low, 1.0),
+            np.clip(tpr, low, 1.0),
+            linewidth=1.6,
+            color=colors[(2 * i) % 20 if i < 10 else (2 * i + 1) % 20],
+            linestyle=styles[(i // 10) % len(styles)] if i >= 10 else "-",
+            label=label,
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(low, 1.0)
@@ -64,7 +74,7 @@ def roc_figure(results: Sequence[MembershipResult], title: str) -> bytes:
     ax.set_ylabel("true positive rate")
     ax.set_title(title)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(loc="lower right", fontsize="small")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize="small", frameon=False)
     return _to_png(fig)
 
 
