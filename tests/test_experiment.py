@@ -135,3 +135,50 @@ def test_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) ->
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def test_a_killed_run_resumes_without_retraining(tmp_path: Path) -> None:
+    """SIGKILL `privacylab run` once some models are stored; the re-run keeps them (same
+    files, untouched) and trains only the rest."""
+    import os
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "report"
+    store = out / "cache" / "store.sqlite"
+    args = [sys.executable, "-m", "privacylab", "run", "--dataset", "digits", "--widths", "32",
+            "--epsilons", "4", "--members", "150", "--references", "6", "--epochs", "15",
+            "--workers", "1", "--attacks", "loss", "--out", str(out)]  # fmt: skip
+
+    def stored() -> int:
+        try:
+            with sqlite3.connect(store) as db:
+                return int(db.execute("SELECT COUNT(*) FROM results").fetchone()[0])
+        except sqlite3.Error:
+            return 0
+
+    process = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    deadline = time.monotonic() + 120
+    while stored() < 3 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    before = stored()
+    assert 3 <= before < 2 + 2 * 6, before
+    with sqlite3.connect(store) as db:
+        folders = [json.loads(v)["folder"] for (v,) in db.execute("SELECT value FROM results")]
+    finished = {
+        Path(folder) / "model.safetensors": (Path(folder) / "model.safetensors").stat().st_mtime_ns
+        for folder in folders
+    }
+    rerun = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    assert stored() == 2 + 2 * 6
+    for path, stamp in finished.items():
+        assert path.stat().st_mtime_ns == stamp, path
+    assert json.loads((out / "results.json").read_text())["targets"][1]["name"] == "dp-eps4"
