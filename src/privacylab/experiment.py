@@ -94,7 +94,7 @@ class RunConfig:
     batch_size: int = 128
     lr: float = 0.1
     dp_batch_size: int = 256
-    dp_lr: float = 0.2
+    dp_lr: float = 0.05
     max_grad_norm: float = 1.0
     subsample: int = 200
     attack_options: dict[str, dict[str, Any]] = field(default_factory=dict)
