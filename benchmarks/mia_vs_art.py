@@ -283,17 +283,7 @@ def _ours_label_only(
     small: np.ndarray,
     names: tuple[str, ...],
 ) -> list[MembershipResult]:
-    small_task = MembershipTask(
-        task.x[small],
-        task.y[small],
-        task.num_classes,
-        task.population_x,
-        task.population_y,
-        task.references,
-        None
-        if task.keep is None
-        else np.concatenate([task.keep[:, small], task.keep[:, task.n :]], 1),
-    )
+    small_task = task.subset(small)
     out = []
     for name in names:
         result = run_attack(make_attack(name), game_target, small_task, membership[small])

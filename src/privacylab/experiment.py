@@ -31,7 +31,7 @@ from privacylab.attacks.membership import (
 )
 from privacylab.attacks.membership.references import Recipe, train_one, train_references
 from privacylab.attacks.membership.result import AttackError
-from privacylab.data import load_dataset, membership_split
+from privacylab.data import Dataset, load_dataset, membership_split
 from privacylab.execution import ResultStore, config_key, durable_map, make_executor
 from privacylab.models import load_model
 from privacylab.report import membership_metrics
@@ -205,17 +205,7 @@ def _attack_all(
 ) -> list[MembershipResult]:
     results = []
     small = _subsample(membership, subsample, seed)
-    small_task = MembershipTask(
-        task.x[small],
-        task.y[small],
-        task.num_classes,
-        task.population_x,
-        task.population_y,
-        task.references,
-        None
-        if task.keep is None
-        else np.concatenate([task.keep[:, small], task.keep[:, task.n :]], 1),
-    )
+    small_task = task.subset(small)
     for i, name in enumerate(attacks):
         if progress:
             progress(f"attack {name}", i, len(attacks))
@@ -305,15 +295,8 @@ def prepare_games(
             )
             model, _, _ = load_model(trained[key]["folder"])
             target = Target(model, "white-box", data.num_classes)
-            task = MembershipTask(
-                data.features[candidates],
-                data.labels[candidates],
-                data.num_classes,
-                data.features[split.population],
-                data.labels[split.population],
-                pool.models,
-                pool.task_keep(len(split.population)),
-            )
+            keep = pool.task_keep(len(split.population))
+            task = _task(data, candidates, split.population, pool.models, keep)
             nonmembers = split.target_nonmembers
             accuracy = _accuracy(target, data.features[nonmembers], data.labels[nonmembers])
             yield Game(name, recipe, trained[key], target, task, membership, accuracy)
@@ -400,6 +383,24 @@ def run_experiment(
     return payload
 
 
+def _task(
+    data: Dataset,
+    candidates: np.ndarray,
+    population: np.ndarray,
+    references: list[torch.nn.Module],
+    keep: np.ndarray,
+) -> MembershipTask:
+    return MembershipTask(
+        data.features[candidates],
+        data.labels[candidates],
+        data.num_classes,
+        data.features[population],
+        data.labels[population],
+        references,
+        keep,
+    )
+
+
 def _accuracy(target: Target, x: Any, y: Any) -> float:
     if len(y) == 0:
         return float("nan")
@@ -464,15 +465,7 @@ def saved_target_game(
             on_done=tick,
         )
     target = Target(model, "white-box", data.num_classes)
-    task = MembershipTask(
-        data.features[candidates],
-        data.labels[candidates],
-        data.num_classes,
-        data.features[population],
-        data.labels[population],
-        pool.models,
-        pool.keep,
-    )
+    task = _task(data, candidates, population, pool.models, pool.keep)
     accuracy = _accuracy(target, data.features[nonmembers], data.labels[nonmembers])
     record = {
         "folder": str(path),

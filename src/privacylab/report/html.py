@@ -76,7 +76,8 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
-def _atomic_write_bytes(target: Path, data: bytes) -> None:
+def atomic_write_bytes(target: Path, data: bytes) -> None:
+    """Write `data` to `target` through a temporary file and a rename, so no reader sees half."""
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -324,9 +325,9 @@ def write_report(
             raise ValueError(f"image name must be a plain file name, got {name!r}")
     base.mkdir(parents=True, exist_ok=True)
     data = json.dumps(_json_safe(payload), indent=2, ensure_ascii=False, allow_nan=False)
-    _atomic_write_bytes(base / "results.json", (data + "\n").encode("utf-8"))
+    atomic_write_bytes(base / "results.json", (data + "\n").encode("utf-8"))
     for name, content in images.items():
-        _atomic_write_bytes(base / name, bytes(content))
+        atomic_write_bytes(base / name, bytes(content))
     page = base / "index.html"
-    _atomic_write_bytes(page, render_html(base, payload).encode("utf-8"))
+    atomic_write_bytes(page, render_html(base, payload).encode("utf-8"))
     return page

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,6 +17,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from privacylab.report.html import atomic_write_bytes
 from privacylab.report.metrics import auc, roc_curve, tpr_at_fpr
 
 if TYPE_CHECKING:
@@ -122,16 +122,5 @@ def save_png(data: bytes, path: str | os.PathLike[str]) -> Path:
         raise ValueError(f"not PNG data, refusing to write {os.fspath(path)}")
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(target, data)
+    atomic_write_bytes(target, data)
     return target
-
-
-def _atomic_write_bytes(target: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -4,7 +4,6 @@ on an overfit target and on a target that never saw the candidates."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,14 +39,6 @@ CONFIDENCE_ATTACKS = ("loss", "confidence", "entropy", "modified-entropy")
 REFERENCES = 16
 MEMBERS = 200
 CONFIG = TrainConfig(epochs=60, batch_size=32, lr=0.1, seed=0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @dataclass

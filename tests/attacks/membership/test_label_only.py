@@ -3,7 +3,6 @@ HopSkipJump boundary distance and the Carlini & Wagner white-box baseline."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,16 +36,6 @@ def _fit(data: Dataset, index: torch.Tensor, seed: int, epochs: int = 30) -> nn.
     model = build_model("mlp", data.input_shape, data.num_classes, widths=(256,), seed=seed)
     train(model, data.subset(index), TrainConfig(epochs=epochs, batch_size=64, lr=0.05, seed=seed))
     return model.eval()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Small batched loops (C&W steps, HopSkipJump rounds) run far faster on one intra-op
-    thread when the cores are shared; the setting is restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @dataclass

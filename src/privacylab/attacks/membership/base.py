@@ -72,6 +72,22 @@ class MembershipTask:
         assert self.population_x is not None
         return int(self.population_x.shape[0])
 
+    def subset(self, rows: np.ndarray) -> MembershipTask:
+        """The same attacker knowledge with only the candidates at `rows`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        keep = None
+        if self.keep is not None:
+            keep = np.concatenate([self.keep[:, rows], self.keep[:, self.n :]], 1)
+        return MembershipTask(
+            self.x[rows],
+            self.y[rows],
+            self.num_classes,
+            self.population_x,
+            self.population_y,
+            self.references,
+            keep,
+        )
+
     def all_x(self) -> Tensor:
         """Candidates then population, the order of `keep`'s columns."""
         assert self.population_x is not None
