@@ -127,6 +127,7 @@ def test_cli_run_json_and_attack_membership_on_a_saved_model(tmp_path: Path) -> 
         (["run", "--epsilons", "x"], "--epsilons must be comma-separated numbers"),
         (["run", "--references", "0"], "references must be a whole number >= 1"),
         (["run", "--dataset", "nope"], "nope"),
+        (["run", "--device", "tpu9"], "unknown device 'tpu9'"),
         (["attack", "membership", "--target", "/nonexistent"], "nonexistent"),
     ],
 )

@@ -719,6 +719,7 @@ def run_command(
     ] = False,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     root: Annotated[Path | None, typer.Option("--root", help="Folder of on-disk datasets.")] = None,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
     json_output: JsonOpt = False,
 ) -> None:
     """Train a non-private and DP-SGD targets, attack each with the membership suite (metric,
@@ -737,6 +738,7 @@ def run_command(
             "workers": workers,
             "seed": seed,
             "root": str(root) if root is not None else None,
+            "device": device,
         }
         for name, value in (("references", references), ("members", members), ("epochs", epochs)):
             if value is not None:

@@ -101,6 +101,7 @@ class RunConfig:
     workers: int = 2
     seed: int = 0
     root: str | None = None
+    device: str = "cpu"
 
     @classmethod
     def quick(cls, **overrides: Any) -> RunConfig:
@@ -135,12 +136,23 @@ class RunConfig:
                 raise AttackError(f"{name} must be a whole number >= 1, got {value!r}")
         if self.population < 0:
             raise AttackError(f"population must be >= 0, got {self.population}")
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            raise AttackError(f"unknown device {self.device!r}; use cpu or cuda") from None
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise AttackError("--device cuda was asked for but no CUDA device is available")
         return self
 
     def recipes(self) -> list[tuple[str, Recipe]]:
         """(target name, training recipe) for the non-private and each DP target."""
         out = []
-        base = {"epochs": self.epochs, "seed": self.seed, "optimizer": "momentum"}
+        base = {
+            "epochs": self.epochs,
+            "seed": self.seed,
+            "optimizer": "momentum",
+            "device": self.device,
+        }
         if self.nonprivate:
             plain = TrainConfig(batch_size=self.batch_size, lr=self.lr, **base)
             out.append(("non-private", self._recipe(plain)))
@@ -294,7 +306,7 @@ def prepare_games(
                 on_done=counter(f"references for {name}", config.references),
             )
             model, _, _ = load_model(trained[key]["folder"])
-            target = Target(model, "white-box", data.num_classes)
+            target = Target(model, "white-box", data.num_classes, device=config.device)
             keep = pool.task_keep(len(split.population))
             task = _task(data, candidates, split.population, pool.models, keep)
             nonmembers = split.target_nonmembers
