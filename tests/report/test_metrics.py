@@ -78,7 +78,7 @@ def test_perfect_chance_and_inverted_attacks() -> None:
     assert perfect.auc == 1.0
     assert perfect.tpr_at_01pct_fpr == perfect.tpr_at_1pct_fpr == 1.0
     assert perfect.balanced_accuracy == perfect.advantage == 1.0
-    assert perfect.threshold_source == "best on evaluation"
+    assert perfect.threshold_source == "held-out half"
     assert perfect.epsilon_lower_bound > 4.0
 
     chance = membership_metrics(_result(np.zeros(1000), labels))
@@ -224,3 +224,31 @@ def test_bad_counts_and_parameters() -> None:
         membership_metrics(_result(np.zeros(4), np.zeros(4, dtype=int)))
     with pytest.raises(ValueError, match="delta"):
         membership_metrics(_result(np.zeros(4), labels), delta=-0.1)
+
+
+def test_held_out_epsilon_is_a_valid_bound_for_an_exactly_dp_test() -> None:
+    """Scores from ε-DP randomized response: the held-out bound stays below ε in at least
+    `confidence` of repetitions, while a threshold chosen on all the data is more eager."""
+    from privacylab.report.metrics import held_out_epsilon
+
+    eps = 1.0
+    keep = np.exp(eps) / (1 + np.exp(eps))
+    labels = np.r_[np.ones(2000), np.zeros(2000)].astype(int)
+    over = 0
+    for seed in range(40):
+        rng = np.random.default_rng(seed)
+        flip = rng.random(labels.size) > keep
+        scores = np.where(flip, 1 - labels, labels) + 0.01 * rng.random(labels.size)
+        bound = held_out_epsilon(scores, labels, delta=0.0, confidence=0.95, seed=seed)
+        over += bound > eps
+        assert bound > 0.3 * eps
+    assert over <= 2
+
+
+def test_held_out_epsilon_edge_cases() -> None:
+    from privacylab.report.metrics import held_out_epsilon
+
+    labels = np.r_[np.ones(400), np.zeros(400)].astype(int)
+    assert held_out_epsilon(np.zeros(800), labels, delta=1e-5) == 0.0
+    assert held_out_epsilon(labels.astype(float), labels, delta=1e-5) > 3.0
+    assert held_out_epsilon(np.array([1.0, 0.0]), np.array([1, 0]), delta=1e-5) == 0.0

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from privacylab.attacks.membership.result import MembershipResult
 
 THRESHOLD_FROM_ATTACK = "attack"
-THRESHOLD_BEST_ON_EVALUATION = "best on evaluation"
+THRESHOLD_HELD_OUT = "held-out half"
 
 
 def _check_scores(scores: Any, membership: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -168,6 +168,40 @@ def _epsilon_from_counts(
     return np.maximum(best, 0.0)
 
 
+def held_out_epsilon(
+    scores: np.ndarray,
+    membership: np.ndarray,
+    *,
+    delta: float,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> float:
+    """ε lower bound of a score-only attack, valid at `confidence`: the threshold is chosen on
+    a seeded half of the members and of the non-members (largest bound there), and the
+    Clopper–Pearson bound is computed from the other half's counts alone."""
+    scores, membership = _check_scores(scores, membership)
+    rng = np.random.default_rng(seed)
+    choose = np.zeros(scores.size, dtype=bool)
+    for side in (0, 1):
+        rows = rng.permutation(np.flatnonzero(membership == side))
+        choose[rows[: rows.size // 2]] = True
+    held = ~choose
+    if len(np.unique(membership[choose])) < 2 or len(np.unique(membership[held])) < 2:
+        return 0.0
+    fps, tps, thresholds = _roc_counts(scores[choose], membership[choose])
+    pos, neg = int(tps[-1]), int(fps[-1])
+    bounds = _epsilon_from_counts(tps, pos - tps, fps, neg - fps, delta, confidence)
+    best = int(np.argmax(bounds))
+    if bounds[best] <= 0.0:
+        return 0.0
+    guess = scores[held] >= thresholds[best]
+    truth = membership[held] == 1
+    tp, fp = int(np.sum(guess & truth)), int(np.sum(guess & ~truth))
+    return epsilon_lower_bound(
+        tp, int(truth.sum()) - tp, fp, int((~truth).sum()) - fp, delta, confidence
+    )
+
+
 def epsilon_lower_bound(
     tp: int, fn: int, fp: int, tn: int, delta: float, confidence: float = 0.95
 ) -> float:
@@ -204,8 +238,9 @@ class MembershipMetrics:
     """Every number reported about one membership attack on one target.
 
     `threshold_source` is "attack" when balanced accuracy and the ε bound come from the attack's
-    own hard decisions, and "best on evaluation" when they come from the threshold that is best
-    on the evaluated examples themselves (optimistic; see `membership_metrics`).
+    own hard decisions, and "held-out half" when the attack chose no threshold: the ε bound then
+    uses a threshold picked on one half of the examples and counted on the other, and balanced
+    accuracy is the best over thresholds (optimistic; see `membership_metrics`).
     """
 
     attack: str
@@ -242,10 +277,11 @@ def membership_metrics(
     - Balanced accuracy and the ε lower bound (`epsilon_lower_bound`, Jagielski et al. 2020):
       when `result.predictions` is given, the attack chose its threshold on other data, and both
       use those decisions (threshold_source "attack"; the bound then holds at `confidence`).
-      Otherwise each is maximised over all thresholds of the evaluated examples themselves
-      (threshold_source "best on evaluation"). That choice looks at the truth being scored, so
-      the numbers are optimistic for the attacker and the ε bound is not a valid
-      confidence statement; use it as an indication only.
+      Otherwise (threshold_source "held-out half") the ε bound is made valid by sample
+      splitting: the threshold with the largest bound on a seeded, stratified half of the
+      examples is counted on the other half (as the held-out threshold choice of Jagielski et al.
+      2020, Sec. 4, and Nasr et al. 2023); balanced accuracy is the best over all thresholds,
+      which looks at the truth and is optimistic, as reported by Choquette-Choo et al. 2021.
     """
     if not 0.0 <= delta < 1.0:
         raise ValueError(f"delta must be in [0, 1), got {delta}")
@@ -270,12 +306,8 @@ def membership_metrics(
         source = THRESHOLD_FROM_ATTACK
     else:
         balanced = float(np.max(0.5 * (tpr + 1.0 - fpr)))
-        eps_lb = float(
-            np.max(
-                _epsilon_from_counts(tps, positives - tps, fps, negatives - fps, delta, confidence)
-            )
-        )
-        source = THRESHOLD_BEST_ON_EVALUATION
+        eps_lb = held_out_epsilon(scores, membership, delta=delta, confidence=confidence)
+        source = THRESHOLD_HELD_OUT
 
     return MembershipMetrics(
         attack=str(result.attack),
