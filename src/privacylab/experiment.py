@@ -338,8 +338,10 @@ def run_experiment(
         "targets": [],
         "notes": [
             "Scores are ranked per attack; TPR at fixed FPR follows Carlini et al. 2022.",
-            "The ε lower bound is the one implied by the attack's (TPR, FPR) with Clopper–Pearson "
-            "confidence; for a DP model it must not exceed the certified ε.",
+            "The ε lower bound is the one implied by the attack's (TPR, FPR) with 95% "
+            "Clopper–Pearson confidence, at the attack's own threshold (chosen on reference "
+            "models) or at one chosen on a held-out half of the examples; for a DP model it must "
+            "not exceed the certified ε.",
             f"Attacks {', '.join(sorted(SUBSAMPLED & set(config.attacks))) or 'none'} run on "
             f"{config.subsample} members and {config.subsample} non-members.",
         ],
