@@ -26,6 +26,7 @@ from privacylab.attacks.membership.base import (
     MembershipTask,
     register_attack,
 )
+from privacylab.attacks.membership.outputs import best_threshold
 from privacylab.attacks.membership.result import AttackError
 from privacylab.target import Access, Target
 
@@ -89,22 +90,6 @@ def _check_task(task: MembershipTask, attack: str) -> None:
         raise AttackError(f"{attack}: needs real-valued features, got {task.x.dtype}")
     if not bool(torch.isfinite(task.x).all()):
         raise AttackError(f"{attack}: candidate features contain NaN or infinity")
-
-
-def best_threshold(scores: np.ndarray, members: np.ndarray) -> float:
-    """The threshold τ maximising balanced accuracy of "member iff score ≥ τ" on labelled
-    scores (reference in/out outputs); +inf (nobody is a member) when one class is absent."""
-    scores = np.asarray(scores, dtype=np.float64)
-    members = np.asarray(members, dtype=bool)
-    inside, outside = np.sort(scores[members]), np.sort(scores[~members])
-    if inside.size == 0 or outside.size == 0:
-        return math.inf
-    candidates = np.unique(scores)
-    tpr = 1.0 - np.searchsorted(inside, candidates, side="left") / inside.size
-    tnr = np.searchsorted(outside, candidates, side="left") / outside.size
-    balanced = (tpr + tnr) / 2
-    best = int(np.argmax(balanced))
-    return float(candidates[best]) if balanced[best] > 0.5 else math.inf
 
 
 CALIBRATION_REFERENCES = 8

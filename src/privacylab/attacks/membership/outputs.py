@@ -7,6 +7,7 @@ score access sees them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -108,20 +109,18 @@ def reference_probabilities(
     return cache[key]
 
 
-def best_threshold(values: np.ndarray, member: np.ndarray) -> float:
-    """The threshold t maximising balanced accuracy of "member iff value ≥ t" on labelled
-    values (Song & Mittal 2021, Sec. III-B: thresholds chosen on shadow data)."""
-    member = member.astype(bool)
-    n_in, n_out = int(member.sum()), int((~member).sum())
-    if n_in == 0 or n_out == 0:
-        return float(np.median(values)) if len(values) else 0.0
-    order = np.argsort(-values, kind="stable")
-    v, m = values[order], member[order]
-    tp = np.cumsum(m) / n_in
-    fp = np.cumsum(~m) / n_out
-    last = np.r_[v[1:] != v[:-1], True]
-    balanced = np.where(last, 0.5 * (tp + 1.0 - fp), -np.inf)
-    i = int(np.argmax(balanced))
-    if balanced[i] <= 0.5:
-        return float(np.inf)
-    return float(v[i])
+def best_threshold(scores: np.ndarray, members: np.ndarray) -> float:
+    """The threshold τ maximising balanced accuracy of "member iff score ≥ τ" on labelled
+    scores — reference in/out outputs (Song & Mittal 2021, Sec. III-B: thresholds chosen on
+    shadow data); +inf (nobody is a member) when one class is absent or nothing beats chance."""
+    scores = np.asarray(scores, dtype=np.float64)
+    members = np.asarray(members, dtype=bool)
+    inside, outside = np.sort(scores[members]), np.sort(scores[~members])
+    if inside.size == 0 or outside.size == 0:
+        return math.inf
+    candidates = np.unique(scores)
+    tpr = 1.0 - np.searchsorted(inside, candidates, side="left") / inside.size
+    tnr = np.searchsorted(outside, candidates, side="left") / outside.size
+    balanced = (tpr + tnr) / 2
+    best = int(np.argmax(balanced))
+    return float(candidates[best]) if balanced[best] > 0.5 else math.inf
