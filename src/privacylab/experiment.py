@@ -392,6 +392,16 @@ def run_experiment(
                 "images": {"roc": roc_name, "histograms": hists},
             }
         )
+    if payload["targets"]:
+        first = payload["targets"][0]
+        payload["notes"].insert(
+            0,
+            f"Each target trains on {first['members']} members of {config.dataset}; as many "
+            f"non-members are the other candidates and {first['population']} population rows "
+            f"are the attacker's own. {config.references} reference models per target are "
+            "trained with that target's recipe (DP-SGD for DP targets) on random halves of the "
+            f"candidates; {config.model} {config.model_options}, {config.epochs} epochs.",
+        )
     payload["seconds"] = time.perf_counter() - start
     write_report(out, payload, images)
     return payload
