@@ -1,8 +1,10 @@
-"""Empirical ε lower bounds (auditing). For now its statistics layer: Clopper–Pearson and the
-poisoning audit (Jagielski et al. 2020), GDP (Dong, Roth & Su 2022; Nasr et al. 2023) and the
-one-run audit (Steinke, Nasr & Jagielski 2023). numpy/scipy only.
+"""Empirical ε lower bounds (auditing): statistics (Clopper–Pearson and the poisoning audit of
+Jagielski et al. 2020, GDP after Dong, Roth & Su 2022 and Nasr et al. 2023, the one-run audit of
+Steinke, Nasr & Jagielski 2023), the `AuditResult` type and durable trials (`run_trials`).
 """
 
+from privacylab.audit.result import AuditResult
+from privacylab.audit.runner import run_trials
 from privacylab.audit.statistics import (
     clopper_pearson_bounds,
     epsilon_from_gdp_mu,
@@ -13,10 +15,12 @@ from privacylab.audit.statistics import (
 )
 
 __all__ = [
+    "AuditResult",
     "clopper_pearson_bounds",
     "epsilon_from_gdp_mu",
     "epsilon_lower_bound_poisoning",
     "gdp_mu_from_rates",
     "one_run_epsilon_lower_bound",
     "one_run_p_value",
+    "run_trials",
 ]
