@@ -149,3 +149,19 @@ def test_bad_image_names_are_refused(tmp_path: Path) -> None:
         write_report(tmp_path, {}, {"../evil.png": PNG})
     with pytest.raises(ValueError, match="plain file name"):
         write_report(tmp_path, {}, {"results.json": PNG})
+
+
+def test_audit_section_is_a_table_with_violations_marked(tmp_path) -> None:
+    from privacylab.report.html import render_html
+
+    audit = [
+        {"method": "dirac", "epsilon_theory": 4.0, "epsilon_lower_bound": 3.1, "confidence": 0.95,
+         "trials": 200, "seconds": 12.0, "violated": False},
+        {"method": "<b>clipbkd</b>", "epsilon_theory": 1.0, "epsilon_lower_bound": 2.0,
+         "confidence": 0.95, "trials": 200, "seconds": 3.0, "violated": True},
+    ]  # fmt: skip
+    page = render_html(tmp_path, {"title": "t", "targets": [], "audit": audit})
+    section = page[page.index("<h2>Audit</h2>") :]
+    assert section.count("<tr") == 3
+    assert section.count('class="violation"') == 1
+    assert "&lt;b&gt;clipbkd&lt;/b&gt;" in section and "<b>clipbkd" not in section

@@ -301,14 +301,46 @@ def render_html(folder: str | os.PathLike[str], payload: Mapping[str, Any]) -> s
     parts.extend(_target_html(base, target) for target in _mappings(payload.get("targets")))
     audit = payload.get("audit")
     if audit is not None:
-        text = json.dumps(_json_safe(audit), indent=2, ensure_ascii=False, allow_nan=False)
-        parts.append(f"<section>\n<h2>Audit</h2>\n<pre>{_e(text)}</pre>\n</section>")
+        parts.append(_audit_html(audit))
     notes = payload.get("notes")
     if isinstance(notes, (list, tuple)) and notes:
         items = "".join(f"<li>{_e(n)}</li>" for n in notes)
         parts.append(f"<section>\n<h2>Notes</h2>\n<ul>{items}</ul>\n</section>")
     parts.extend(["</body>", "</html>", ""])
     return "\n".join(p for p in parts if p is not None)
+
+
+AUDIT_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("method", "method"),
+    ("epsilon_theory", "ε (accountant)"),
+    ("epsilon_lower_bound", "ε lower bound"),
+    ("confidence", "confidence"),
+    ("trials", "trials"),
+    ("seconds", "seconds"),
+)
+"""(key, header) of each column of the audit table, in display order."""
+
+
+def _audit_html(audit: Any) -> str:
+    """The audit section: one row per audit, red where the lower bound refutes the accountant."""
+    rows = [a for a in (audit if isinstance(audit, (list, tuple)) else [audit]) if a]
+    head = "".join(f"<th>{_e(h)}</th>" for _, h in AUDIT_COLUMNS)
+    body = []
+    for row in _mappings(rows):
+        cells = []
+        for key, _ in AUDIT_COLUMNS:
+            value = row.get(key)
+            number = _number(value)
+            text = f"{number:.3f}" if number is not None and key != "trials" else value
+            cells.append(f"<td>{_e(MISSING if text is None else str(text))}</td>")
+        style = ' class="violation"' if row.get("violated") else ""
+        body.append(f"<tr{style}>{''.join(cells)}</tr>")
+    note = (
+        "An audit attacks our own DP-SGD to measure a lower bound on ε; a lower bound above the "
+        "accountant's ε means the implementation or its accounting is wrong."
+    )
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return f"<section>\n<h2>Audit</h2>\n<p>{_e(note)}</p>\n{table}\n</section>"
 
 
 def write_report(
