@@ -26,6 +26,8 @@ SMALL = {
     "dp_batch_size": 64,
     "subsample": 15,
     "workers": 1,
+    "audits": ("dirac",),
+    "audit_trials": 20,
 }
 
 
@@ -95,7 +97,8 @@ def test_cli_run_json_and_attack_membership_on_a_saved_model(tmp_path: Path) -> 
     out = tmp_path / "report"
     args = ["run", "--dataset", "digits", "--widths", "32", "--epsilons", "4", "--members",
             "100", "--references", "2", "--epochs", "5", "--workers", "1",
-            "--attacks", "loss,lira-offline,gap", "--out", str(out), "--json"]  # fmt: skip
+            "--attacks", "loss,lira-offline,gap", "--audits", "one-run-whitebox", "--out",
+            str(out), "--json"]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.stderr
     payload = json.loads(result.stdout.strip().splitlines()[-1])
@@ -152,7 +155,8 @@ def test_a_killed_run_resumes_without_retraining(tmp_path: Path) -> None:
     store = out / "cache" / "store.sqlite"
     args = [sys.executable, "-m", "privacylab", "run", "--dataset", "digits", "--widths", "32",
             "--epsilons", "4", "--members", "150", "--references", "6", "--epochs", "15",
-            "--workers", "1", "--attacks", "loss", "--out", str(out)]  # fmt: skip
+            "--workers", "1", "--attacks", "loss", "--audits", "none",
+            "--out", str(out)]  # fmt: skip
 
     def stored() -> int:
         try:

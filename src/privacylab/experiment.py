@@ -98,6 +98,8 @@ class RunConfig:
     max_grad_norm: float = 1.0
     subsample: int = 200
     attack_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    audits: tuple[str, ...] = ("dirac", "one-run-whitebox")
+    audit_trials: int = 100
     workers: int = 2
     seed: int = 0
     root: str | None = None
@@ -113,6 +115,7 @@ class RunConfig:
             "members": 1000,
             "population": 500,
             "subsample": 60,
+            "audit_trials": 40,
             "attack_options": {
                 "noise": {"n_samples": 20},
                 "boundary": {"max_queries": 1000},
@@ -134,6 +137,13 @@ class RunConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise AttackError(f"{name} must be a whole number >= 1, got {value!r}")
+        from privacylab.audit.job import METHODS
+
+        for method in self.audits:
+            if method not in METHODS:
+                raise AttackError(
+                    f"unknown audit method {method!r}; choose one of {', '.join(METHODS)}"
+                )
         if self.population < 0:
             raise AttackError(f"population must be >= 0, got {self.population}")
         try:
@@ -392,6 +402,7 @@ def run_experiment(
                 "images": {"roc": roc_name, "histograms": hists},
             }
         )
+    payload["audit"] = audit_epsilons(config, Path(cache) if cache else out / "cache", progress)
     if payload["targets"]:
         first = payload["targets"][0]
         payload["notes"].insert(
@@ -429,6 +440,35 @@ def _accuracy(target: Target, x: Any, y: Any) -> float:
     if len(y) == 0:
         return float("nan")
     return float((target.labels(x) == y).float().mean())
+
+
+def audit_epsilons(
+    config: RunConfig, cache: Path, progress: Progress | None = None
+) -> list[dict[str, Any]]:
+    """Audit our DP-SGD at each of the run's ε with `config.audits` (a logistic regression on
+    digits, the audits' standard setting); trials are kept in the cache's store."""
+    from privacylab.audit.job import run_audit
+
+    out = []
+    jobs = [(eps, method) for eps in config.epsilons for method in config.audits]
+    executor = make_executor("local", config.workers)
+    with ResultStore(cache / "store.sqlite") as store:
+        for i, (eps, method) in enumerate(jobs):
+            if progress:
+                progress("audits", i, len(jobs))
+            result = run_audit(
+                method,
+                epsilon=float(eps),
+                delta=config.delta,
+                trials=config.audit_trials,
+                store=store,
+                executor=executor,
+                seed=config.seed,
+            )
+            out.append(result.to_dict())
+    if progress:
+        progress("audits", len(jobs), len(jobs))
+    return out
 
 
 def _train_test_rows(n: int, train_size: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,7 @@ from privacylab.execution.store import ResultStore, encode_value
 T = TypeVar("T")
 R = TypeVar("R")
 
-EXECUTORS = ("serial", "local")
+EXECUTORS = ("serial", "local", "ray")
 _THREAD_ENV_VARS = (
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
@@ -139,6 +139,11 @@ class LocalExecutor:
             initializer=_init_worker,
             initargs=(self.threads_per_worker,),
         )
+        # Spawned workers import the parent's main module before the initializer runs; if that
+        # imports torch, only the inherited environment caps its threads. The parent's own
+        # libraries are already loaded, so setting the variables here changes nothing for it.
+        saved = {name: os.environ.get(name) for name in _THREAD_ENV_VARS}
+        os.environ.update({name: str(self.threads_per_worker) for name in _THREAD_ENV_VARS})
         in_flight: dict[cf.Future[R], int] = {}
         next_index = 0
         failure: TaskError | None = None
@@ -177,31 +182,44 @@ class LocalExecutor:
             # A clean finish or a task failure waits for the workers to exit; an interrupt or an
             # early close does not wait for tasks that are still running.
             pool.shutdown(wait=clean or failure is not None, cancel_futures=True)
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
-def make_executor(name: str = "local", workers: int | None = None) -> Executor:
-    """Build an executor by name: ``"serial"`` or ``"local"``.
+def make_executor(
+    name: str = "local", workers: int | None = None, address: str | None = None
+) -> Executor:
+    """Build an executor by name: ``"serial"``, ``"local"`` or ``"ray"``.
 
     Args:
-        name: ``"serial"`` (in-process) or ``"local"`` (a spawn process pool).
-        workers: worker processes for ``"local"``; default ``min(os.cpu_count(), 4)``, and 1 if the
-            CPU count is unknown. Ignored by ``"serial"``.
+        name: ``"serial"`` (in-process), ``"local"`` (a spawn process pool) or ``"ray"`` (Ray
+            remote tasks, see :class:`~privacylab.execution.ray_executor.RayExecutor`).
+        workers: worker processes (tasks at once) for ``"local"`` and ``"ray"``; default
+            ``min(os.cpu_count(), 4)``, and 1 if the CPU count is unknown. Ignored by ``"serial"``.
+        address: for ``"ray"`` only: ``None`` starts a local Ray instance, ``"auto"`` or
+            ``"HOST:PORT"`` joins a running cluster.
 
     Raises:
-        ValueError: unknown name (one line listing the choices), or ``"ray"`` (not here yet).
+        ValueError: unknown name (one line listing the choices), an `address` for an executor
+            other than ``"ray"``, or ``"ray"`` without ray installed (one line with the install
+            hint).
     """
     key = str(name).strip().lower()
+    if address is not None and key != "ray":
+        raise ValueError(f"an address is only for the 'ray' executor, not {name!r}")
     if key == "serial":
         return SerialExecutor()
+    if workers is None:
+        workers = max(1, min(os.cpu_count() or 1, 4))
     if key == "local":
-        if workers is None:
-            workers = max(1, min(os.cpu_count() or 1, 4))
         return LocalExecutor(workers=workers)
     if key == "ray":
-        raise ValueError(
-            "the 'ray' executor is not available yet: it arrives with the auditing issue "
-            "(then install privacylab[distributed]); use 'local' or 'serial' for now"
-        )
+        from privacylab.execution.ray_executor import RayExecutor
+
+        return RayExecutor(workers=workers, address=address)
     raise ValueError(f"unknown executor {name!r}; choose one of: {', '.join(EXECUTORS)}")
 
 

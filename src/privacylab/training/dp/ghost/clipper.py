@@ -57,7 +57,7 @@ class GhostLayer:
     path: str
     module: nn.Module
     rule: RegisteredRule
-    trainable: frozenset[str]
+    trainable: tuple[str, ...]
     numel: int = 0
 
 
@@ -81,9 +81,7 @@ def ghost_layers(model: nn.Module) -> tuple[list[GhostLayer], list[str]]:
                     "weights); ghost clipping needs each parameter used by one layer"
                 )
             owners.setdefault(id(param), full)
-        trainable = frozenset(
-            n for n, p in module.named_parameters(recurse=False) if p.requires_grad
-        )
+        trainable = tuple(n for n, p in module.named_parameters(recurse=False) if p.requires_grad)
         if not trainable:
             continue
         rule = rule_for(module)

@@ -36,7 +36,7 @@ gradients of Σ_i L_i with respect to the layer outputs (row i depends on exampl
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -122,7 +122,7 @@ class PerExampleGradients(LayerGradients):
 class LinearGradients(LayerGradients):
     """nn.Linear on (B, d) inputs: norms from ‖a_i‖²‖g_i‖², sum from (c ⊙ g)ᵀ a."""
 
-    def __init__(self, a: Tensor, g: Tensor, trainable: frozenset[str]) -> None:
+    def __init__(self, a: Tensor, g: Tensor, trainable: Collection[str]) -> None:
         self.a = a.to(g.dtype)
         self.g = g
         self.trainable = trainable
@@ -147,7 +147,7 @@ class LinearGradients(LayerGradients):
 class SequenceLinearGradients(LayerGradients):
     """nn.Linear on (B, T, d) inputs: Gram-form norms or instantiation, per Bu et al. 2023."""
 
-    def __init__(self, a: Tensor, g: Tensor, trainable: frozenset[str]) -> None:
+    def __init__(self, a: Tensor, g: Tensor, trainable: Collection[str]) -> None:
         self.a = a.to(g.dtype)
         self.g = g
         self.trainable = trainable
@@ -223,7 +223,7 @@ def _batch_calls(calls: Sequence[LayerCall], feature: int) -> tuple[Tensor, Tens
 
 @register_rule(nn.Linear)
 def linear_rule(
-    layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
+    layer: nn.Module, calls: Sequence[LayerCall], trainable: Collection[str]
 ) -> LayerGradients:
     """nn.Linear: Goodfellow's outer-product trick for 2-D inputs, Bu et al. 2023 otherwise."""
     if len(calls) == 1 and calls[0].activation.dim() == 2:
@@ -278,7 +278,7 @@ def conv_patches(layer: nn.Conv2d, x: Tensor, padding: tuple[int, int], out: Ten
 class Conv2dGradients(LayerGradients):
     """nn.Conv2d via im2col (Li et al. 2022, App. F; Bu et al. 2023, Sec. 3.2)."""
 
-    def __init__(self, layer: nn.Conv2d, calls: Sequence[LayerCall], trainable: frozenset[str]):
+    def __init__(self, layer: nn.Conv2d, calls: Sequence[LayerCall], trainable: Collection[str]):
         self.layer = layer
         self.trainable = trainable
         self.inputs = []
@@ -355,7 +355,7 @@ class Conv2dGradients(LayerGradients):
 
 @register_rule(nn.Conv2d, check=_conv_check)
 def conv2d_rule(
-    layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
+    layer: nn.Module, calls: Sequence[LayerCall], trainable: Collection[str]
 ) -> LayerGradients:
     """nn.Conv2d with groups=1: unfold to the sequence-Linear case."""
     return Conv2dGradients(layer, calls, trainable)  # type: ignore[arg-type]
@@ -401,7 +401,7 @@ class EmbeddingGradients(LayerGradients):
 
 @register_rule(nn.Embedding, check=_embedding_check)
 def embedding_rule(
-    layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
+    layer: nn.Module, calls: Sequence[LayerCall], trainable: Collection[str]
 ) -> LayerGradients:
     """nn.Embedding: group equal tokens of each example."""
     batch = calls[0].activation.shape[0]
@@ -411,7 +411,7 @@ def embedding_rule(
 
 
 def _affine_per_example(
-    calls: Sequence[LayerCall], trainable: frozenset[str], feature_dims: int, normalise
+    calls: Sequence[LayerCall], trainable: Collection[str], feature_dims: int, normalise
 ) -> LayerGradients:
     """Per-example grads of an elementwise affine after normalisation, summed over calls.
 
@@ -441,7 +441,7 @@ def _normalized_shape_rule(normalise):
     ``normalise(x, shape, eps)`` is the layer without its affine."""
 
     def rule(
-        layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
+        layer: nn.Module, calls: Sequence[LayerCall], trainable: Collection[str]
     ) -> LayerGradients:
         shape = tuple(layer.normalized_shape)
         return _affine_per_example(
@@ -459,7 +459,7 @@ layer_norm_rule = register_rule(nn.LayerNorm)(
 
 @register_rule(nn.GroupNorm)
 def group_norm_rule(
-    layer: nn.Module, calls: Sequence[LayerCall], trainable: frozenset[str]
+    layer: nn.Module, calls: Sequence[LayerCall], trainable: Collection[str]
 ) -> LayerGradients:
     """nn.GroupNorm: ∇_γ L_i[c] = Σ_positions g ⊙ x̂, ∇_β L_i[c] = Σ_positions g."""
     return _affine_per_example(

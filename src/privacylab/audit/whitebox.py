@@ -1,0 +1,550 @@
+"""White-box audit of DP-SGD with a Dirac gradient canary.
+
+Nasr, Hayes, Steinke, Balle, Tramèr, Jagielski, Carlini & Terzis 2023 ("Tight Auditing of
+Differentially Private Machine Learning", USENIX Security), Sec. 4–5, after Nasr et al. 2021
+("Adversary Instantiation", Sec. 4, the "gradient canary" adversary with access to all
+intermediate updates).
+
+The adversary controls one "example" whose clipped gradient is the Dirac vector C·e_j, with j a
+weight of a logistic regression on a pixel that is 0 in every training image, so that the real
+data contributes exactly 0 to coordinate j of the clipped sum.  The training run is DP-SGD
+through :class:`~privacylab.training.dp.engine.DPSGD` with Poisson sampling at rate q.  In world
+D1 the canary joins each step's batch independently with probability q (like any example); in D0
+it is absent.  The auditor reads coordinate j of every privatised update,
+
+    o_t = L·grad_t[j] = clipped_sum_t[j] + noise_t[j] + C·b_t,   b_t ~ Bernoulli(q) in D1, 0 in D0,
+
+so, in units of σC, o_t/(σC) ~ N(0, 1) under D0 and (1 − q)·N(0, 1) + q·N(1/σ, 1) under D1 —
+exactly the Poisson-subsampled Gaussian mechanism composed over the steps that the accountant
+analyses, which is why a Dirac canary can make the audit (nearly) tight.
+
+The score of a run is the Neyman–Pearson log-likelihood ratio of D1 against D0 for the per-step
+observations (Nasr et al. 2023 use the per-step observations directly),
+
+    S = Σ_t log(1 − q + q·exp(μ₀·z_t − μ₀²/2)),   z_t = o_t/(σC), μ₀ = 1/σ,
+
+with the *claimed* σ and the true rate q (the auditor designs the canary; it knows how often it
+is inserted).  For q = 1 this is an increasing function of Σ_t o_t, the "simple sum".
+``score="sum"`` uses Σ_t z_t for any q.
+
+Design (a) (:func:`run_whitebox_audit`, method ``"dirac"``): T trials, each one run with the
+canary (D1) and one without (D0).
+
+* The *certified* lower bound (``epsilon_lower_bound``) is the Clopper–Pearson bound of
+  Jagielski et al. 2020 (Alg. 2; :func:`privacylab.report.metrics.epsilon_lower_bound`), valid
+  at ``confidence``: trials with an even index choose the threshold (largest bound there), trials
+  with an odd index are counted at it.
+* The *GDP estimate* (``params["epsilon_gdp_estimate"]``) is μ̂ = Φ⁻¹(1 − FPR) − Φ⁻¹(FNR)
+  (Nasr et al. 2023, Sec. 4; Dong, Roth & Su 2022, Eq. 2.3) turned into ε at δ (Dong et al.,
+  Cor. 2.13), with FPR and FNR counted over all trials at the threshold fixed in advance halfway
+  between the claimed D0 and D1 (likelihood ratio 1), counts floored at ½ so that it stays
+  finite.  It is a point estimate, not a bound: it assumes the trade-off curve is Gaussian (exact
+  for q = 1) and may exceed the true ε by sampling error.
+
+Reaching ε_LB ≈ ε with Clopper–Pearson at δ = 1e-5 needs FPR ≈ e^{−ε} to be *certified*, i.e.
+≳ 3.7·e^{ε} held-out runs per world (thousands at ε = 8); the GDP estimate is nearly tight with
+a few hundred runs.  That is the trade-off Nasr et al. 2023 (Sec. 4) resolve with the GDP fit.
+
+Design (b), per-step trials inside one run (:func:`run_per_step_audit`, method
+``"dirac-per-step"``): at every step of one long run a fair coin, not Poisson sampling, decides
+whether the canary is added, and each step is one trial.  This is statistically valid for *this*
+canary only: coordinate j never receives data gradient (its pixel is 0 in every image, so the
+clipped sum there is exactly 0 whatever the model) and the noise is fresh each step, so the pairs
+(b_t, z_t) are independent and identically distributed — the adaptivity that breaks per-step
+trials for a general canary (later updates depend on earlier insertions) does not reach z_t.
+But the mechanism those trials audit is the *one-step, unsampled* Gaussian mechanism with noise
+multiplier σ, so its ``epsilon_theory`` is ε(σ, q = 1, 1 step), not the run's ε (which is
+amplified by sampling and composed over steps and can be far smaller — comparing the per-step
+bound with it would "refute" a correct implementation).  Design (b) therefore audits σ only: it
+catches ``noise_scale_bug`` cheaply and cannot see ``rate_bug``.
+
+Deliberately broken DP-SGD for testing that audits catch bugs: ``noise_scale_bug`` = b trains
+with noise multiplier σ·b while reporting the ε of σ; ``rate_bug`` = r samples at q but reports the
+ε computed for rate q·r.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.special import ndtri
+from torch import Tensor, nn
+
+from privacylab.accounting.calibration import calibrate_noise_multiplier, dp_sgd_epsilon
+from privacylab.audit.result import AuditResult
+from privacylab.audit.runner import run_trials
+from privacylab.audit.statistics import epsilon_from_gdp_mu
+from privacylab.execution import Executor, ResultStore
+from privacylab.report.metrics import epsilon_lower_bound
+
+METHOD = "dirac"
+SCORES: tuple[str, ...] = ("likelihood_ratio", "sum")
+_ACCOUNTANTS: tuple[str, ...] = ("pld", "rdp", "gdp")
+GDP_MIN_ERROR_RATE = 0.05
+"""Least error rate on each side at the threshold used for the GDP estimate."""
+
+
+def _real(name: str, value: object) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    return number
+
+
+def _whole(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class DiracAudit:
+    """Configuration of a Dirac-canary white-box audit of DP-SGD (Nasr et al. 2023, Sec. 4–5).
+
+    Attributes:
+        epsilon: target ε; σ is calibrated so that the *reported* run is (ε, δ)-DP.
+        delta: δ of the guarantee and of the audit's bounds.
+        sample_rate: q, the Poisson sampling rate of the data and of the canary.
+        steps: DP-SGD steps per training run.
+        max_grad_norm: C, the clipping norm (and the canary's norm).
+        num_examples: training examples taken from sklearn's ``digits``.
+        learning_rate: SGD step size.
+        accountant: accountant used to calibrate σ and report ε (``pld``, ``rdp`` or ``gdp``).
+        score: ``likelihood_ratio`` (default, Neyman–Pearson for the Poisson mixture) or ``sum``.
+        noise_scale_bug: b in (0, 1]; train with σ·b but report the ε of σ (1 = no bug).
+        rate_bug: r in (0, 1]; sample at q but report the ε of rate q·r (1 = no bug).
+        seed: base seed; trial i of this configuration is seeded from (seed, i).
+    """
+
+    epsilon: float = 2.0
+    delta: float = 1e-5
+    sample_rate: float = 1.0
+    steps: int = 10
+    max_grad_norm: float = 1.0
+    num_examples: int = 200
+    learning_rate: float = 0.1
+    accountant: str = "pld"
+    score: str = "likelihood_ratio"
+    noise_scale_bug: float = 1.0
+    rate_bug: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        eps = _real("epsilon", self.epsilon)
+        if eps <= 0.0:
+            raise ValueError(f"epsilon must be > 0, got {self.epsilon!r}")
+        if not 0.0 < _real("delta", self.delta) < 1.0:
+            raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
+        for name in ("sample_rate", "noise_scale_bug", "rate_bug"):
+            if not 0.0 < _real(name, getattr(self, name)) <= 1.0:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        for name in ("max_grad_norm", "learning_rate"):
+            if _real(name, getattr(self, name)) <= 0.0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        _whole("steps", self.steps, 1)
+        _whole("num_examples", self.num_examples, 1)
+        _whole("seed", self.seed, 0)
+        if self.accountant not in _ACCOUNTANTS:
+            raise ValueError(
+                f"accountant must be one of {', '.join(_ACCOUNTANTS)}, got {self.accountant!r}"
+            )
+        if self.score not in SCORES:
+            raise ValueError(f"score must be one of {', '.join(SCORES)}, got {self.score!r}")
+
+    @property
+    def reported_sample_rate(self) -> float:
+        """The rate the accountant is told: q·rate_bug."""
+        return self.sample_rate * self.rate_bug
+
+    def reported_noise_multiplier(self) -> float:
+        """σ calibrated (PLD/RDP/GDP, as configured) for (ε, δ) at the reported rate and steps."""
+        return _calibrate(
+            self.epsilon, self.delta, self.reported_sample_rate, self.steps, self.accountant
+        )
+
+    def reported_epsilon(self) -> float:
+        """ε the (possibly buggy) implementation reports for its run."""
+        return dp_sgd_epsilon(
+            self.reported_noise_multiplier(),
+            self.reported_sample_rate,
+            self.steps,
+            self.delta,
+            self.accountant,
+        )
+
+    def actual_epsilon(self) -> float:
+        """ε of the mechanism actually run (σ·noise_scale_bug at rate q), same accountant."""
+        return dp_sgd_epsilon(
+            self.reported_noise_multiplier() * self.noise_scale_bug,
+            self.sample_rate,
+            self.steps,
+            self.delta,
+            self.accountant,
+        )
+
+
+@lru_cache(maxsize=64)
+def _calibrate(epsilon: float, delta: float, rate: float, steps: int, accountant: str) -> float:
+    return calibrate_noise_multiplier(epsilon, delta, rate, steps, accountant=accountant)
+
+
+@lru_cache(maxsize=4)
+def _digits(num_examples: int) -> tuple[Tensor, Tensor, int]:
+    """First `num_examples` digits, flattened, and the index of a pixel that is 0 in all of them."""
+    from privacylab.data import load_dataset
+
+    data = load_dataset("digits")
+    n = min(num_examples, int(data.labels.shape[0]))
+    x = data.features.reshape(data.labels.shape[0], -1)[:n].contiguous()
+    y = data.labels[:n].contiguous()
+    zero = (x.abs().sum(0) == 0).nonzero().flatten()
+    if zero.numel() == 0:
+        raise ValueError("no pixel is 0 in every training image; cannot isolate a Dirac coordinate")
+    return x, y, int(zero[0])
+
+
+def _train_and_observe(
+    config: DiracAudit,
+    noise_multiplier: float,
+    canary: bool | list[bool],
+    seed: int,
+    claimed: float,
+) -> list[float]:
+    """One DP-SGD run of logistic regression on digits, trained with `noise_multiplier`;
+    returns o_t/(σ_claimed·C) per step, σ_claimed = `claimed`.
+
+    The model has no bias: with a single parameter tensor the engine's noise draws cannot be
+    reordered (ghost clipping visits a layer's parameters in frozenset order, which depends on
+    PYTHONHASHSEED), so the same seed gives the same numbers in every process.
+
+    `canary`: False (D0), True (D1: Poisson-sampled at rate q each step) or a per-step schedule.
+    """
+    from privacylab.training.dp.engine import DPSGD, StepInfo
+
+    x, y, pixel = _digits(config.num_examples)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = nn.Linear(x.shape[1], 10, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=config.learning_rate)
+    q = config.sample_rate
+    clip = config.max_grad_norm
+    engine = DPSGD(
+        model,
+        opt,
+        nn.CrossEntropyLoss(reduction="none"),
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=clip,
+        expected_batch_size=q * x.shape[0],
+        clipping="ghost",
+        generator=gen,
+    )
+    canary_gen = torch.Generator().manual_seed(seed + 1)
+    unit = claimed * clip
+    observed: list[float] = []
+
+    def hook(info: StepInfo) -> None:
+        grad = model.weight.grad
+        assert grad is not None
+        if isinstance(canary, list):
+            present = canary[info.step - 1]
+        else:
+            present = canary and float(torch.rand((), generator=canary_gen)) < q
+        if present:
+            grad[0, pixel] += clip / engine.expected_batch_size
+        observed.append(float(grad[0, pixel]) * engine.expected_batch_size / unit)
+
+    engine.add_step_hook(hook)
+    for _ in range(config.steps):
+        if q >= 1.0:
+            idx = torch.arange(x.shape[0])
+        else:
+            idx = (torch.rand(x.shape[0], generator=gen) < q).nonzero().squeeze(1)
+        engine.step(x[idx], y[idx])
+    return observed
+
+
+def _score(config: DiracAudit, z: list[float]) -> float:
+    obs = np.asarray(z, dtype=np.float64)
+    if config.score == "sum":
+        return float(obs.sum())
+    mu = 1.0 / config.reported_noise_multiplier()
+    q = config.sample_rate
+    log_ratio = mu * obs - 0.5 * mu * mu
+    if q >= 1.0:
+        return float(log_ratio.sum())
+    return float(np.logaddexp(math.log1p(-q), math.log(q) + log_ratio).sum())
+
+
+def whitebox_trial(task: dict[str, Any]) -> dict[str, Any]:
+    """One audit trial (top-level, picklable, for :func:`privacylab.audit.run_trials`).
+
+    ``task = {"config": asdict(DiracAudit), "trial": i}``; trains one run without the canary
+    (D0) and one with it (D1), with seeds derived from (seed, i), and returns their scores.
+    """
+    torch.set_num_threads(1)
+    config = DiracAudit(**task["config"])
+    index = _whole("trial", task["trial"], 0)
+    claimed = config.reported_noise_multiplier()
+    sigma = claimed * config.noise_scale_bug
+    base = (config.seed * 1_000_003 + index) * 4
+    out = _train_and_observe(config, sigma, canary=False, seed=base, claimed=claimed)
+    into = _train_and_observe(config, sigma, canary=True, seed=base + 2, claimed=claimed)
+    return {"score_out": _score(config, out), "score_in": _score(config, into)}
+
+
+def _floored_rate(errors: int, n: int) -> float:
+    return min(max(errors, 0.5), n - 0.5) / n
+
+
+def _mu(fp: int, fn: int, n0: int, n1: int) -> float:
+    return float(ndtri(1.0 - _floored_rate(fp, n0)) - ndtri(_floored_rate(fn, n1)))
+
+
+def _counts(inside: np.ndarray, outside: np.ndarray, threshold: float) -> tuple[int, ...]:
+    tp = int(np.sum(inside >= threshold))
+    fp = int(np.sum(outside >= threshold))
+    return tp, inside.size - tp, fp, outside.size - fp
+
+
+def _thresholds(inside: np.ndarray, outside: np.ndarray) -> np.ndarray:
+    both = np.unique(np.concatenate([inside, outside]))
+    return np.concatenate([both, [np.inf]])
+
+
+def held_out_audit(
+    inside: np.ndarray,
+    outside: np.ndarray,
+    delta: float,
+    confidence: float,
+    *,
+    splits: tuple[list[np.ndarray], list[np.ndarray]] | None = None,
+    gdp_threshold: float | None = None,
+) -> dict[str, Any]:
+    """Threshold on the first half of each score array, counts on the second half.
+
+    Returns the Clopper–Pearson ε bound (Jagielski et al. 2020, Alg. 2) and the GDP estimate
+    (Nasr et al. 2023, Sec. 4) from the held-out counts, with the thresholds and counts.
+    `splits` = ([choose_in, test_in], [choose_out, test_out]) overrides the halving.
+
+    With `gdp_threshold` (fixed before the data, e.g. the claimed model's midpoint), the GDP
+    estimate counts *all* scores at it.  Without, the GDP threshold is the one with the largest
+    μ̂ on the choosing half among those with at least ``GDP_MIN_ERROR_RATE`` of each side
+    misclassified there (extreme thresholds make μ̂ mostly noise), counted on the other half.
+    """
+    if splits is None:
+        half_in, half_out = inside.size // 2, outside.size // 2
+        choose_in, choose_out = inside[:half_in], outside[:half_out]
+        test_in, test_out = inside[half_in:], outside[half_out:]
+    else:
+        (choose_in, test_in), (choose_out, test_out) = splits
+    best_cp, cp_threshold = -1.0, math.inf
+    best_mu, mu_threshold = -math.inf, math.inf
+    min_fp = max(1, math.ceil(GDP_MIN_ERROR_RATE * choose_out.size))
+    min_fn = max(1, math.ceil(GDP_MIN_ERROR_RATE * choose_in.size))
+    for t in _thresholds(choose_in, choose_out):
+        tp, fn, fp, tn = _counts(choose_in, choose_out, t)
+        bound = epsilon_lower_bound(tp, fn, fp, tn, delta, confidence)
+        if bound > best_cp:
+            best_cp, cp_threshold = bound, float(t)
+        mu = _mu(fp, fn, fp + tn, tp + fn)
+        if fp >= min_fp and fn >= min_fn and mu > best_mu:
+            best_mu, mu_threshold = mu, float(t)
+    if not math.isfinite(best_mu):
+        for t in _thresholds(choose_in, choose_out):
+            tp, fn, fp, tn = _counts(choose_in, choose_out, t)
+            mu = _mu(fp, fn, fp + tn, tp + fn)
+            if mu > best_mu:
+                best_mu, mu_threshold = mu, float(t)
+    tp, fn, fp, tn = _counts(test_in, test_out, cp_threshold)
+    certified = epsilon_lower_bound(tp, fn, fp, tn, delta, confidence)
+    if gdp_threshold is None:
+        gtp, gfn, gfp, gtn = _counts(test_in, test_out, mu_threshold)
+    else:
+        mu_threshold = float(gdp_threshold)
+        gtp, gfn, gfp, gtn = _counts(inside, outside, mu_threshold)
+    mu_hat = max(_mu(gfp, gfn, gfp + gtn, gtp + gfn), 0.0)
+    return {
+        "epsilon_cp": certified,
+        "epsilon_gdp": epsilon_from_gdp_mu(mu_hat, delta),
+        "mu_gdp": mu_hat,
+        "cp_threshold": cp_threshold,
+        "gdp_threshold": mu_threshold,
+        "counts": {"tp": tp, "fn": fn, "fp": fp, "tn": tn},
+        "gdp_counts": {"tp": gtp, "fn": gfn, "fp": gfp, "tn": gtn},
+    }
+
+
+def _midpoint(config: DiracAudit, sigma: float) -> float:
+    """Score halfway between D0 and D1 under the claimed model: likelihood ratio 1 (score 0), or
+    for ``score="sum"`` half the expected canary signal, steps·q/(2σ)."""
+    if config.score == "sum":
+        return config.steps * config.sample_rate / (2.0 * sigma)
+    return 0.0
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def run_whitebox_audit(
+    config: DiracAudit,
+    trials: int,
+    *,
+    store: ResultStore,
+    executor: Executor | None = None,
+    confidence: float = 0.95,
+) -> AuditResult:
+    """Audit DP-SGD with a Dirac gradient canary (Nasr et al. 2023, Sec. 4–5; design (a)).
+
+    Runs (or reuses from `store`) trials 0..trials−1, each a D0 and a D1 training run; even
+    trials choose the threshold, odd trials are counted.  ``epsilon_lower_bound`` is the
+    Clopper–Pearson bound, certified at `confidence`; ``params["epsilon_gdp_estimate"]`` is the
+    GDP point estimate (see the module docstring).  ``epsilon_theory`` is the ε the run reports
+    (so ``violated`` flags ``noise_scale_bug``/``rate_bug``); ``params["epsilon_actual"]`` is the
+    ε of the mechanism actually run.
+    """
+    if not isinstance(config, DiracAudit):
+        raise ValueError(f"config must be a DiracAudit, got {type(config).__name__}")
+    n = _whole("trials", trials, 2)
+    level = _real("confidence", confidence)
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    start = time.perf_counter()
+    sigma = config.reported_noise_multiplier()
+    rows = run_trials(whitebox_trial, asdict(config), n, store=store, executor=executor)
+    inside = np.array([r["score_in"] for r in rows], dtype=np.float64)
+    outside = np.array([r["score_out"] for r in rows], dtype=np.float64)
+    choose, count = slice(0, n, 2), slice(1, n, 2)
+    found = held_out_audit(
+        inside,
+        outside,
+        config.delta,
+        level,
+        splits=([inside[choose], inside[count]], [outside[choose], outside[count]]),
+        gdp_threshold=_midpoint(config, sigma),
+    )
+    return AuditResult(
+        method=METHOD,
+        epsilon_theory=config.reported_epsilon(),
+        delta=config.delta,
+        accountant=config.accountant,
+        epsilon_lower_bound=found["epsilon_cp"],
+        confidence=level,
+        trials=n,
+        counts={**found["counts"], "gdp": found["gdp_counts"], "runs": 2 * n},
+        seconds=time.perf_counter() - start,
+        params={
+            "noise_multiplier": sigma,
+            "noise_multiplier_trained": sigma * config.noise_scale_bug,
+            "sample_rate": config.sample_rate,
+            "sample_rate_reported": config.reported_sample_rate,
+            "steps": config.steps,
+            "max_grad_norm": config.max_grad_norm,
+            "score": config.score,
+            "epsilon_target": config.epsilon,
+            "epsilon_actual": config.actual_epsilon(),
+            "epsilon_gdp_estimate": found["epsilon_gdp"],
+            "mu_gdp_estimate": found["mu_gdp"],
+            "cp_threshold": _finite_or_none(found["cp_threshold"]),
+            "gdp_threshold": _finite_or_none(found["gdp_threshold"]),
+            "noise_scale_bug": config.noise_scale_bug,
+            "rate_bug": config.rate_bug,
+        },
+    )
+
+
+def per_step_trial(task: dict[str, Any]) -> dict[str, Any]:
+    """Design (b): one run of ``config["per_step_steps"]`` steps, the canary added at each step
+    with probability ½; returns the coins and the per-step observations z_t = o_t/(σC)
+    (top-level and picklable, for :func:`privacylab.audit.run_trials`)."""
+    torch.set_num_threads(1)
+    fields = dict(task["config"])
+    steps = _whole("per_step_steps", fields.pop("per_step_steps", None), 2)
+    audited = DiracAudit(**fields)
+    claimed = audited.reported_noise_multiplier()
+    sigma = claimed * audited.noise_scale_bug
+    config = replace(audited, steps=steps)
+    seed = (config.seed * 1_000_003 + _whole("trial", task["trial"], 0)) * 4
+    coins = torch.rand(steps, generator=torch.Generator().manual_seed(seed + 3)) < 0.5
+    labels = [bool(b) for b in coins]
+    z = _train_and_observe(config, sigma, canary=labels, seed=seed, claimed=claimed)
+    return {"labels": labels, "scores": z}
+
+
+def run_per_step_audit(
+    config: DiracAudit,
+    steps: int,
+    *,
+    store: ResultStore,
+    executor: Executor | None = None,
+    confidence: float = 0.95,
+) -> AuditResult:
+    """Design (b): per-step trials inside one run of `steps` steps (see the module docstring).
+
+    Even steps choose the threshold, odd steps are counted; ``epsilon_lower_bound`` is the
+    Clopper–Pearson bound (Jagielski et al. 2020, Alg. 2) and ``epsilon_theory`` the ε of *one*
+    unsampled step, ε(σ_reported, q = 1, 1 step) by the configured accountant — the guarantee the
+    per-step trials can test.  The run is one durable trial in `store`.
+    """
+    if not isinstance(config, DiracAudit):
+        raise ValueError(f"config must be a DiracAudit, got {type(config).__name__}")
+    n = _whole("steps", steps, 4)
+    level = _real("confidence", confidence)
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    start = time.perf_counter()
+    sigma = config.reported_noise_multiplier()
+    payload = {**asdict(config), "per_step_steps": n}
+    (row,) = run_trials(per_step_trial, payload, 1, store=store, executor=executor)
+    labels = np.asarray(row["labels"], dtype=bool)
+    scores = np.asarray(row["scores"], dtype=np.float64)
+    choose, count = slice(0, n, 2), slice(1, n, 2)
+    parts = [scores[choose][labels[choose]], scores[count][labels[count]]]
+    nulls = [scores[choose][~labels[choose]], scores[count][~labels[count]]]
+    if min(p.size for p in parts + nulls) == 0:
+        raise ValueError(f"steps={n} is too few: a half has no step with (or without) the canary")
+    found = held_out_audit(
+        np.concatenate(parts),
+        np.concatenate(nulls),
+        config.delta,
+        level,
+        splits=(parts, nulls),
+        gdp_threshold=0.5 / sigma,
+    )
+    return AuditResult(
+        method="dirac-per-step",
+        epsilon_theory=dp_sgd_epsilon(sigma, 1.0, 1, config.delta, config.accountant),
+        delta=config.delta,
+        accountant=config.accountant,
+        epsilon_lower_bound=found["epsilon_cp"],
+        confidence=level,
+        trials=n,
+        counts={**found["counts"], "gdp": found["gdp_counts"], "runs": 1},
+        seconds=time.perf_counter() - start,
+        params={
+            "noise_multiplier": sigma,
+            "noise_multiplier_trained": sigma * config.noise_scale_bug,
+            "sample_rate": config.sample_rate,
+            "steps": n,
+            "max_grad_norm": config.max_grad_norm,
+            "epsilon_run_reported": dp_sgd_epsilon(
+                sigma, config.reported_sample_rate, n, config.delta, config.accountant
+            ),
+            "epsilon_gdp_estimate": found["epsilon_gdp"],
+            "mu_gdp_estimate": found["mu_gdp"],
+            "noise_scale_bug": config.noise_scale_bug,
+            "rate_bug": config.rate_bug,
+        },
+    )

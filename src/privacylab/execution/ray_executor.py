@@ -1,0 +1,174 @@
+"""Run tasks as Ray remote tasks: on a local Ray instance, or on a cluster by its address.
+
+Ray is an optional dependency (``pip install privacylab[distributed]``) and is imported only when a
+:class:`RayExecutor` is built, never when :mod:`privacylab.execution` is imported.
+
+On a cluster every node must have privacylab (and whatever module `fn` lives in) installed: tasks
+refer to ``fn`` by module and name, as with :class:`~privacylab.execution.LocalExecutor`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+from privacylab.execution.executor import TaskError, _init_worker, _task_error
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+INSTALL_HINT = "the Ray executor needs `pip install privacylab[distributed]`"
+
+
+def _import_ray() -> Any:
+    """Import ray, or raise ValueError with the one-line install hint."""
+    try:
+        import ray
+    except ImportError:
+        raise ValueError(INSTALL_HINT) from None
+    return ray
+
+
+def _run_task(fn: Callable[[Any], Any], task: Any, threads: int) -> Any:
+    """Body of every Ray task: cap BLAS/OpenMP/torch threads as LocalExecutor's workers do, then
+    run ``fn(task)``. Ray reuses worker processes, so the cap is set again for each task."""
+    _init_worker(threads)
+    return fn(task)
+
+
+def _ray_task_error(index: int, err: BaseException, ray_error: type[BaseException]) -> TaskError:
+    """The TaskError LocalExecutor would raise: an exception raised by `fn` is unwrapped from
+    Ray's wrapper; a failure of Ray itself (a worker crash, `fn` not importable by the workers)
+    keeps its type, without the remote traceback Ray appends to its message."""
+    cause = getattr(err, "cause", None)
+    original = cause if isinstance(cause, BaseException) else err
+    if isinstance(original, ray_error):
+        detail = " ".join(str(original).split()).split(" traceback: ")[0]
+        failure = TaskError(index, f"task {index} failed: {type(original).__name__}: {detail}")
+    else:
+        failure = _task_error(index, original)
+    failure.__cause__ = original
+    return failure
+
+
+class RayExecutor:
+    """Runs each task as a Ray remote task (``num_cpus=1``), yielding results as they finish.
+
+    With ``address=None`` a local Ray instance is started with ``num_cpus=workers`` (unless the
+    ``RAY_ADDRESS`` environment variable names a cluster, which Ray then joins); with ``"auto"`` or
+    ``"HOST:PORT"`` the executor joins that running cluster. Ray starts on the first
+    :meth:`map_unordered` (or :meth:`start`, or ``with``) and :meth:`close` shuts it down only if
+    this executor started it. At most ``2 * workers`` tasks are in flight. Each task caps its
+    thread count at `threads_per_worker` (OMP/MKL/OpenBLAS env vars and, if torch is loaded in the
+    Ray worker, ``torch.set_num_threads``). Tasks carry their own seeds, so results equal
+    :class:`~privacylab.execution.LocalExecutor`'s. `fn` and the tasks must be picklable (`fn` a
+    top-level function of a module the Ray workers can import: an installed package, or a script's
+    ``__main__``, which Ray ships by value; a module found only through the driver's ``sys.path``
+    fails with a one-line TaskError naming the missing module).
+
+    Args:
+        workers: tasks run at once (>= 1); also the CPUs of a local Ray instance.
+        address: ``None`` for a local instance, ``"auto"`` or ``"HOST:PORT"`` for a cluster.
+        threads_per_worker: intra-op threads per task (>= 1).
+
+    Raises:
+        ValueError: a bad argument, or ray is not installed (one line with the install hint).
+    """
+
+    def __init__(
+        self, workers: int = 2, address: str | None = None, threads_per_worker: int = 1
+    ) -> None:
+        for name, value in (("workers", workers), ("threads_per_worker", threads_per_worker)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if address is not None and (not isinstance(address, str) or not address.strip()):
+            raise ValueError(f"address must be 'auto' or 'HOST:PORT', got {address!r}")
+        self._ray = _import_ray()
+        self.workers = workers
+        self.address = address.strip() if address is not None else None
+        self.threads_per_worker = threads_per_worker
+        self._started = False
+        self._remote: Any = None
+
+    def __repr__(self) -> str:
+        return (
+            f"RayExecutor(workers={self.workers}, address={self.address!r}, "
+            f"threads_per_worker={self.threads_per_worker})"
+        )
+
+    def start(self) -> RayExecutor:
+        """Start (or join) Ray if it is not running yet; returns self."""
+        ray = self._ray
+        if not ray.is_initialized():
+            joins = self.address is not None or bool(os.environ.get("RAY_ADDRESS"))
+            ray.init(
+                address=self.address or None,
+                num_cpus=None if joins else self.workers,
+                include_dashboard=False,
+                ignore_reinit_error=True,
+                log_to_driver=False,
+            )
+            self._started = True
+        if self._remote is None:
+            self._remote = ray.remote(num_cpus=1, max_retries=0)(_run_task)
+        return self
+
+    def close(self) -> None:
+        """Shut Ray down if this executor started it (a joined or pre-existing Ray is left)."""
+        if self._started:
+            self._ray.shutdown()
+            self._started = False
+        self._remote = None
+
+    def __enter__(self) -> RayExecutor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def map_unordered(self, fn: Callable[[T], R], tasks: Sequence[T]) -> Iterator[tuple[int, R]]:
+        """Yield ``(index, fn(task))`` as each task finishes, in completion order.
+
+        If a task raises, no new task starts, the tasks already running are still collected and
+        yielded, and then :class:`~privacylab.execution.TaskError` naming the first failing index
+        is raised (its ``__cause__`` is the task's own exception). Closing the iterator early or a
+        KeyboardInterrupt cancels every pending task.
+        """
+        if not tasks:
+            return
+        self.start()
+        ray = self._ray
+        fn_ref = ray.put(fn)
+        in_flight: dict[Any, int] = {}
+        next_index = 0
+        failure: TaskError | None = None
+        try:
+            while True:
+                while (
+                    failure is None
+                    and next_index < len(tasks)
+                    and len(in_flight) < 2 * self.workers
+                ):
+                    ref = self._remote.remote(fn_ref, tasks[next_index], self.threads_per_worker)
+                    in_flight[ref] = next_index
+                    next_index += 1
+                if not in_flight:
+                    break
+                done, _ = ray.wait(list(in_flight), num_returns=1)
+                for ref in sorted(done, key=in_flight.__getitem__):
+                    index = in_flight.pop(ref)
+                    try:
+                        result = ray.get(ref)
+                    except ray.exceptions.RayError as err:
+                        if failure is None:
+                            failure = _ray_task_error(index, err, ray.exceptions.RayError)
+                        continue
+                    yield index, result
+            if failure is not None:
+                raise failure
+        finally:
+            for ref in in_flight:
+                with contextlib.suppress(Exception):  # the task may have just finished
+                    ray.cancel(ref)

@@ -1,0 +1,55 @@
+"""`privacylab audit`: the JSON contract, durable trials, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from privacylab.cli import app
+
+runner = CliRunner()
+
+
+def _audit(*args: str) -> dict:
+    result = runner.invoke(app, ["audit", *args, "--json"])
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_json_contract_and_resumed_trials(tmp_path: Path) -> None:
+    store = str(tmp_path / "store.sqlite")
+    common = ["--method", "dirac", "--epsilon", "2", "--executor", "serial", "--store", store]
+    first = _audit(*common, "--trials", "20")
+    for key in ("epsilon_theory", "epsilon_lower_bound", "confidence", "method", "trials"):
+        assert key in first
+    assert first["method"] == "dirac" and first["confidence"] == 0.95
+    assert first["epsilon_lower_bound"] <= first["epsilon_theory"]
+    again = _audit(*common, "--trials", "20")
+    assert again["epsilon_lower_bound"] == first["epsilon_lower_bound"]
+    assert again["wall_seconds"] < first["wall_seconds"]
+
+
+def test_one_run_whitebox_from_the_cli(tmp_path: Path) -> None:
+    out = _audit("--method", "one-run-whitebox", "--epsilon", "8", "--store",
+                 str(tmp_path / "s.sqlite"))  # fmt: skip
+    assert out["trials"] == 1 and 0 < out["epsilon_lower_bound"] <= out["epsilon_theory"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--method", "tarot"], "unknown audit method 'tarot'"),
+        (["--epsilon", "-1"], "epsilon"),
+        (["--delta", "2"], "delta"),
+        (["--confidence", "1.5"], "confidence must be in (0, 1)"),
+        (["--executor", "slurm"], "slurm"),
+    ],
+)
+def test_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["audit", *args, "--store", str(tmp_path / "s.sqlite")])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
