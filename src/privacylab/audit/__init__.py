@@ -3,6 +3,7 @@ Jagielski et al. 2020, GDP after Dong, Roth & Su 2022 and Nasr et al. 2023, the 
 Steinke, Nasr & Jagielski 2023), the `AuditResult` type and durable trials (`run_trials`).
 """
 
+from privacylab.audit.job import METHODS, run_audit
 from privacylab.audit.result import AuditResult
 from privacylab.audit.runner import run_trials
 from privacylab.audit.statistics import (
@@ -15,6 +16,7 @@ from privacylab.audit.statistics import (
 )
 
 __all__ = [
+    "METHODS",
     "AuditResult",
     "clopper_pearson_bounds",
     "epsilon_from_gdp_mu",
@@ -22,5 +24,6 @@ __all__ = [
     "gdp_mu_from_rates",
     "one_run_epsilon_lower_bound",
     "one_run_p_value",
+    "run_audit",
     "run_trials",
 ]
