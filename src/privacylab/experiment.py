@@ -31,7 +31,7 @@ from privacylab.attacks.membership import (
 )
 from privacylab.attacks.membership.references import Recipe, train_one, train_references
 from privacylab.attacks.membership.result import AttackError
-from privacylab.data import Dataset, load_dataset, membership_split
+from privacylab.data import Dataset, load_dataset, membership_split, train_test_indices
 from privacylab.execution import ResultStore, config_key, durable_map, make_executor
 from privacylab.models import load_model
 from privacylab.report import membership_metrics
@@ -183,6 +183,20 @@ Progress = Callable[[str, float, float], None]
 """progress(stage, done, total)."""
 
 
+def _counter(
+    progress: Progress | None, stage: str, total: int
+) -> Callable[[str, dict[str, Any], bool], None]:
+    """An `on_done` callback that reports each finished (or reused) unit of `stage`."""
+    done = [0]
+
+    def tick(key: str, value: dict[str, Any], cached: bool) -> None:
+        done[0] += 1
+        if progress:
+            progress(stage, done[0], total)
+
+    return tick
+
+
 def _subsample(membership: np.ndarray, per_side: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     picks = [rng.permutation(np.flatnonzero(membership == side))[:per_side] for side in (1, 0)]
@@ -208,37 +222,22 @@ def attack_target(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _attack_all(
-            target, task, membership, attacks, subsample, seed, progress, options or {}
-        )
+        results = []
+        small = _subsample(membership, subsample, seed)
+        small_task = task.subset(small)
+        for i, name in enumerate(attacks):
+            if progress:
+                progress(f"attack {name}", i, len(attacks))
+            attack = make_attack(name, **(options or {}).get(name, {}))
+            if name in SUBSAMPLED:
+                results.append(run_attack(attack, target, small_task, membership[small]))
+            else:
+                results.append(run_attack(attack, target, task, membership))
+        if progress:
+            progress("attacks done", len(attacks), len(attacks))
+        return results
     finally:
         torch.set_num_threads(threads)
-
-
-def _attack_all(
-    target: Target,
-    task: MembershipTask,
-    membership: np.ndarray,
-    attacks: Sequence[str],
-    subsample: int,
-    seed: int,
-    progress: Progress | None,
-    options: dict[str, dict[str, Any]],
-) -> list[MembershipResult]:
-    results = []
-    small = _subsample(membership, subsample, seed)
-    small_task = task.subset(small)
-    for i, name in enumerate(attacks):
-        if progress:
-            progress(f"attack {name}", i, len(attacks))
-        attack = make_attack(name, **options.get(name, {}))
-        if name in SUBSAMPLED:
-            results.append(run_attack(attack, target, small_task, membership[small]))
-        else:
-            results.append(run_attack(attack, target, task, membership))
-    if progress:
-        progress("attacks done", len(attacks), len(attacks))
-    return results
 
 
 @dataclass(eq=False)
@@ -275,16 +274,6 @@ def prepare_games(
     executor = make_executor("local", config.workers)
     recipes = config.recipes()
 
-    def counter(stage: str, total: int) -> Callable[[str, dict[str, Any], bool], None]:
-        done = [0]
-
-        def tick(key: str, value: dict[str, Any], cached: bool) -> None:
-            done[0] += 1
-            if progress:
-                progress(stage, done[0], total)
-
-        return tick
-
     with ResultStore(cache / "store.sqlite") as store:
         target_jobs = {
             config_key({"target": recipe.to_dict(), "members": split.target_members.tolist()}): {
@@ -301,7 +290,7 @@ def prepare_games(
             store,
             "targets",
             executor,
-            on_done=counter("train targets", len(target_jobs)),
+            on_done=_counter(progress, "train targets", len(target_jobs)),
         )
         for index, ((name, recipe), key) in enumerate(zip(recipes, target_jobs, strict=True)):
             pool = train_references(
@@ -313,7 +302,7 @@ def prepare_games(
                 store=store,
                 executor=executor,
                 seed=config.seed + index,
-                on_done=counter(f"references for {name}", config.references),
+                on_done=_counter(progress, f"references for {name}", config.references),
             )
             model, _, _ = load_model(trained[key]["folder"])
             target = Target(model, "white-box", data.num_classes, device=config.device)
@@ -471,15 +460,6 @@ def audit_epsilons(
     return out
 
 
-def _train_test_rows(n: int, train_size: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The rows `privacylab.data.split_train_test` gives to (train, test), as indices."""
-    if train_size is not None:
-        return np.arange(train_size), np.arange(train_size, n)
-    order = np.random.default_rng(seed).permutation(n)
-    n_test = round(n * 0.2)
-    return order[n_test:], order[:n_test]
-
-
 def saved_target_game(
     path: str | Path,
     *,
@@ -503,19 +483,12 @@ def saved_target_game(
     if isinstance(references, bool) or references < 1:
         raise AttackError(f"references must be a whole number >= 1, got {references!r}")
     data = load_dataset(dataset, root)
-    members, test_rows = _train_test_rows(len(data), data.train_size, training.get("seed", 0))
+    members, test_rows = train_test_indices(data, seed=training.get("seed", 0))
     order = np.random.default_rng(training.get("seed", 0) + 7).permutation(test_rows)
     nonmembers, population = np.sort(order[: len(order) // 2]), np.sort(order[len(order) // 2 :])
     candidates = np.concatenate([members, nonmembers])
     membership = np.r_[np.ones(len(members), np.int64), np.zeros(len(nonmembers), np.int64)]
     recipe = Recipe(dataset, spec.name, training, dict(spec.options), root)
-    tick_count = [0]
-
-    def tick(key: str, value: dict[str, Any], cached: bool) -> None:
-        tick_count[0] += 1
-        if progress:
-            progress("references", tick_count[0], references)
-
     with ResultStore(Path(cache) / "store.sqlite") as store:
         pool = train_references(
             recipe,
@@ -526,7 +499,7 @@ def saved_target_game(
             store=store,
             executor=make_executor("local", workers),
             seed=training.get("seed", 0),
-            on_done=tick,
+            on_done=_counter(progress, "references", references),
         )
     target = Target(model, "white-box", data.num_classes)
     task = _task(data, candidates, population, pool.models, pool.keep)

@@ -6,6 +6,7 @@ returned meets the target ε, and so does the number of steps.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -50,15 +51,19 @@ def steps_from_epochs(epochs: float, sample_rate: float) -> int:
     return max(1, math.ceil(e / q - 1e-9))
 
 
+@functools.lru_cache(maxsize=256)
 def dp_sgd_epsilon(
     noise_multiplier: float, sample_rate: float, steps: int, delta: float, accountant: str = "rdp"
 ) -> float:
-    """ε of DP-SGD (Abadi et al. 2016, Alg. 1, Poisson sampling) by the named accountant."""
+    """ε of DP-SGD (Abadi et al. 2016, Alg. 1, Poisson sampling) by the named accountant.
+
+    Memoised: trainers, audits and reports ask for the same settings many times."""
     acc = make_accountant(accountant)
     acc.compose(dp_sgd(noise_multiplier, sample_rate, steps))
     return acc.epsilon(delta)
 
 
+@functools.lru_cache(maxsize=256)
 def calibrate_noise_multiplier(
     target_epsilon: float,
     delta: float,

@@ -48,6 +48,7 @@ from torch import Tensor, nn
 
 from privacylab.accounting import calibrate_noise_multiplier
 from privacylab.accounting.calibration import dp_sgd_epsilon
+from privacylab.audit._checks import positive, whole
 from privacylab.audit.result import AuditResult
 from privacylab.audit.statistics import one_run_epsilon_lower_bound
 from privacylab.data import CANARY_KINDS, Dataset, insert_canaries, load_dataset
@@ -61,21 +62,6 @@ __all__ = ["VARIANTS", "OneRunAudit", "one_run_guesses", "run_one_run_audit"]
 
 def _fail(message: str) -> None:
     raise ValueError(message)
-
-
-def _whole(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        _fail(f"{name} must be a whole number >= {low}, got {value!r}")
-    return int(value)  # type: ignore[arg-type]
-
-
-def _positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        _fail(f"{name} must be a number, got {value!r}")
-    number = float(value)  # type: ignore[arg-type]
-    if not math.isfinite(number) or number <= 0.0:
-        _fail(f"{name} must be a finite number > 0, got {value!r}")
-    return number
 
 
 @dataclass
@@ -144,16 +130,16 @@ class OneRunAudit:
             _fail(f"accountant must be one of {', '.join(ACCOUNTANTS)}, got {self.accountant!r}")
         if self.canary_kind not in CANARY_KINDS:
             _fail(f"canary_kind must be one of {', '.join(CANARY_KINDS)}, got {self.canary_kind!r}")
-        _positive("epsilon", self.epsilon)
-        if _positive("delta", self.delta) >= 1.0:
+        positive("epsilon", self.epsilon)
+        if positive("delta", self.delta) >= 1.0:
             _fail(f"delta must be in (0, 1), got {self.delta!r}")
-        _whole("m", self.m, 1)
-        _whole("epochs", self.epochs, 1)
-        _whole("batch_size", self.batch_size, 1)
-        _whole("seed", self.seed, 0)
-        _positive("lr", self.lr)
-        _positive("max_grad_norm", self.max_grad_norm)
-        _positive("noise_scale_bug", self.noise_scale_bug)
+        whole("m", self.m, 1)
+        whole("epochs", self.epochs, 1)
+        whole("batch_size", self.batch_size, 1)
+        whole("seed", self.seed, 0)
+        positive("lr", self.lr)
+        positive("max_grad_norm", self.max_grad_norm)
+        positive("noise_scale_bug", self.noise_scale_bug)
         for name in ("k_plus_fraction", "k_minus_fraction"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -165,8 +151,8 @@ class OneRunAudit:
         for pair in self.guess_counts() if self.grid is None else self.grid:
             if not isinstance(pair, (tuple, list)) or len(pair) != 2:
                 _fail(f"each grid point must be a (k_plus, k_minus) pair, got {pair!r}")
-            k_plus = _whole("k_plus", pair[0], 0)
-            k_minus = _whole("k_minus", pair[1], 0)
+            k_plus = whole("k_plus", pair[0], 0)
+            k_minus = whole("k_minus", pair[1], 0)
             if k_plus + k_minus == 0:
                 _fail("k_plus + k_minus must be >= 1 (the audit needs at least one guess)")
             if k_plus + k_minus > self.m:

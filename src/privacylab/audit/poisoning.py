@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -43,6 +42,7 @@ from privacylab.accounting.calibration import (
     dp_sgd_epsilon,
     make_accountant,
 )
+from privacylab.audit._checks import positive, whole
 from privacylab.audit.result import AuditResult
 from privacylab.audit.runner import run_trials
 from privacylab.audit.statistics import epsilon_lower_bound_poisoning
@@ -75,21 +75,6 @@ _BACKDOOR_TEST_POINTS = 100
 
 def _fail(message: str) -> None:
     raise ValueError(message)
-
-
-def _positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(f"{name} must be a number, got {value!r}")
-    number = float(value)  # type: ignore[arg-type]
-    if not math.isfinite(number) or number <= 0:
-        _fail(f"{name} must be a finite number > 0, got {value!r}")
-    return number
-
-
-def _whole(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        _fail(f"{name} must be a whole number >= {low}, got {value!r}")
-    return int(value)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -146,24 +131,24 @@ class PoisoningAudit:
             _fail(f"unknown poisoning method {self.method!r}; choose one of {', '.join(METHODS)}")
         if self.init not in INITS:
             _fail(f"init must be one of {', '.join(INITS)}, got {self.init!r}")
-        _positive("epsilon", self.epsilon)
-        d = _positive("delta", self.delta)
+        positive("epsilon", self.epsilon)
+        d = positive("delta", self.delta)
         if d >= 1:
             _fail(f"delta must be in (0, 1), got {self.delta!r}")
         if self.k is not None:
-            _whole("k", self.k, 1)
-        _whole("epochs", self.epochs, 1)
-        _positive("lr", self.lr)
-        _positive("max_grad_norm", self.max_grad_norm)
-        _whole("train_size", self.train_size, 2)
+            whole("k", self.k, 1)
+        whole("epochs", self.epochs, 1)
+        positive("lr", self.lr)
+        positive("max_grad_norm", self.max_grad_norm)
+        whole("train_size", self.train_size, 2)
         if self.batch_size is not None and (
-            _whole("batch_size", self.batch_size, 1) > self.train_size
+            whole("batch_size", self.batch_size, 1) > self.train_size
         ):
             _fail(f"batch_size ({self.batch_size}) exceeds train_size ({self.train_size})")
-        _positive("init_scale", self.init_scale)
-        _whole("seed", self.seed, 0)
+        positive("init_scale", self.init_scale)
+        whole("seed", self.seed, 0)
         if self.noise_scale_bug is not None:
-            _positive("noise_scale_bug", self.noise_scale_bug)
+            positive("noise_scale_bug", self.noise_scale_bug)
         try:
             make_accountant(self.accountant)
         except ValueError as error:
@@ -374,11 +359,6 @@ def _trial_config(config: PoisoningAudit, noise_multiplier: float) -> dict[str, 
     return out
 
 
-@functools.lru_cache(maxsize=64)
-def _calibrate(epsilon: float, delta: float, q: float, steps: int, accountant: str) -> float:
-    return calibrate_noise_multiplier(epsilon, delta, q, steps, accountant=accountant)
-
-
 def _schedule(config: PoisoningAudit, size: int) -> tuple[float, int]:
     q = min(1.0, config.batch_rows / size)
     return q, config.epochs * max(1, round(1.0 / q))
@@ -403,15 +383,17 @@ def run_poisoning_audit(
     if not isinstance(config, PoisoningAudit):
         _fail(f"config must be a PoisoningAudit, got {type(config).__name__}")
     config.validate()
-    trials = _whole("trials", trials, 2)
-    level = _positive("confidence", confidence)
+    trials = whole("trials", trials, 2)
+    level = positive("confidence", confidence)
     if level >= 1:
         _fail(f"confidence must be in (0, 1), got {confidence!r}")
     start = time.perf_counter()
     k = config.poisons
     q0, steps0 = _schedule(config, config.train_size)
     q1, steps1 = _schedule(config, config.train_size + k)
-    sigma = _calibrate(config.epsilon, config.delta, q0, steps0, config.accountant)
+    sigma = calibrate_noise_multiplier(
+        config.epsilon, config.delta, q0, steps0, accountant=config.accountant
+    )
     eps_d0 = dp_sgd_epsilon(sigma, q0, steps0, config.delta, config.accountant)
     eps_d1 = dp_sgd_epsilon(sigma, q1, steps1, config.delta, config.accountant)
     bug = config.noise_scale_bug

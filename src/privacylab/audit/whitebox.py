@@ -77,6 +77,7 @@ from scipy.special import ndtri
 from torch import Tensor, nn
 
 from privacylab.accounting.calibration import calibrate_noise_multiplier, dp_sgd_epsilon
+from privacylab.audit._checks import whole
 from privacylab.audit.result import AuditResult
 from privacylab.audit.runner import run_trials
 from privacylab.audit.statistics import epsilon_from_gdp_mu
@@ -100,12 +101,6 @@ def _real(name: str, value: object) -> float:
     if not math.isfinite(number):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return number
-
-
-def _whole(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -152,9 +147,9 @@ class DiracAudit:
         for name in ("max_grad_norm", "learning_rate"):
             if _real(name, getattr(self, name)) <= 0.0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        _whole("steps", self.steps, 1)
-        _whole("num_examples", self.num_examples, 1)
-        _whole("seed", self.seed, 0)
+        whole("steps", self.steps, 1)
+        whole("num_examples", self.num_examples, 1)
+        whole("seed", self.seed, 0)
         if self.accountant not in _ACCOUNTANTS:
             raise ValueError(
                 f"accountant must be one of {', '.join(_ACCOUNTANTS)}, got {self.accountant!r}"
@@ -169,8 +164,12 @@ class DiracAudit:
 
     def reported_noise_multiplier(self) -> float:
         """σ calibrated (PLD/RDP/GDP, as configured) for (ε, δ) at the reported rate and steps."""
-        return _calibrate(
-            self.epsilon, self.delta, self.reported_sample_rate, self.steps, self.accountant
+        return calibrate_noise_multiplier(
+            self.epsilon,
+            self.delta,
+            self.reported_sample_rate,
+            self.steps,
+            accountant=self.accountant,
         )
 
     def reported_epsilon(self) -> float:
@@ -192,11 +191,6 @@ class DiracAudit:
             self.delta,
             self.accountant,
         )
-
-
-@lru_cache(maxsize=64)
-def _calibrate(epsilon: float, delta: float, rate: float, steps: int, accountant: str) -> float:
-    return calibrate_noise_multiplier(epsilon, delta, rate, steps, accountant=accountant)
 
 
 @lru_cache(maxsize=4)
@@ -295,7 +289,7 @@ def whitebox_trial(task: dict[str, Any]) -> dict[str, Any]:
     """
     torch.set_num_threads(1)
     config = DiracAudit(**task["config"])
-    index = _whole("trial", task["trial"], 0)
+    index = whole("trial", task["trial"], 0)
     claimed = config.reported_noise_multiplier()
     sigma = claimed * config.noise_scale_bug
     base = (config.seed * 1_000_003 + index) * 4
@@ -417,7 +411,7 @@ def run_whitebox_audit(
     """
     if not isinstance(config, DiracAudit):
         raise ValueError(f"config must be a DiracAudit, got {type(config).__name__}")
-    n = _whole("trials", trials, 2)
+    n = whole("trials", trials, 2)
     level = _real("confidence", confidence)
     if not 0.0 < level < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
@@ -471,12 +465,12 @@ def per_step_trial(task: dict[str, Any]) -> dict[str, Any]:
     (top-level and picklable, for :func:`privacylab.audit.run_trials`)."""
     torch.set_num_threads(1)
     fields = dict(task["config"])
-    steps = _whole("per_step_steps", fields.pop("per_step_steps", None), 2)
+    steps = whole("per_step_steps", fields.pop("per_step_steps", None), 2)
     audited = DiracAudit(**fields)
     claimed = audited.reported_noise_multiplier()
     sigma = claimed * audited.noise_scale_bug
     config = replace(audited, steps=steps)
-    seed = (config.seed * 1_000_003 + _whole("trial", task["trial"], 0)) * 4
+    seed = (config.seed * 1_000_003 + whole("trial", task["trial"], 0)) * 4
     coins = torch.rand(steps, generator=torch.Generator().manual_seed(seed + 3)) < 0.5
     labels = [bool(b) for b in coins]
     z = _train_and_observe(config, sigma, canary=labels, seed=seed, claimed=claimed)
@@ -500,7 +494,7 @@ def run_per_step_audit(
     """
     if not isinstance(config, DiracAudit):
         raise ValueError(f"config must be a DiracAudit, got {type(config).__name__}")
-    n = _whole("steps", steps, 4)
+    n = whole("steps", steps, 4)
     level = _real("confidence", confidence)
     if not 0.0 < level < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")

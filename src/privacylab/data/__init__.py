@@ -8,7 +8,7 @@ downloaded.
 from privacylab.data import cifar, embedded, idx, tabular  # noqa: F401  (register the loaders)
 from privacylab.data.canaries import CANARY_KINDS, insert_canaries
 from privacylab.data.cifar import NumpyOnlyUnpickler, load_numpy_pickle
-from privacylab.data.dataset import Dataset, split_train_test
+from privacylab.data.dataset import Dataset, split_train_test, train_test_indices
 from privacylab.data.errors import DataError
 from privacylab.data.idx import read_idx
 from privacylab.data.registry import available_datasets, load_dataset, register_dataset
@@ -28,4 +28,5 @@ __all__ = [
     "read_idx",
     "register_dataset",
     "split_train_test",
+    "train_test_indices",
 ]

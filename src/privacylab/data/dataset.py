@@ -106,12 +106,19 @@ def split_train_test(
     Sources without a canonical cut are split by a seeded permutation, `test_fraction` of the
     rows going to the test part.
     """
+    train, test = train_test_indices(dataset, test_fraction=test_fraction, seed=seed)
+    return dataset.subset(train), dataset.subset(test)
+
+
+def train_test_indices(
+    dataset: Dataset, *, test_fraction: float = 0.2, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """The row indices `split_train_test` gives to (train, test)."""
     n = len(dataset)
     if dataset.train_size is not None:
-        cut = dataset.train_size
-        return dataset.subset(np.arange(cut)), dataset.subset(np.arange(cut, n))
+        return np.arange(dataset.train_size), np.arange(dataset.train_size, n)
     if not 0 < test_fraction < 1:
         raise DataError(f"test_fraction must lie in (0, 1), got {test_fraction!r}")
     order = np.random.default_rng(seed).permutation(n)
     n_test = round(n * test_fraction)
-    return dataset.subset(order[n_test:]), dataset.subset(order[:n_test])
+    return order[n_test:], order[:n_test]

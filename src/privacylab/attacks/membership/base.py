@@ -41,6 +41,9 @@ class MembershipTask:
     population_y: Tensor | None = None
     references: list[nn.Module] = field(default_factory=list)
     keep: np.ndarray | None = None
+    reference_outputs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    """The references' outputs on `all_x()`, filled once per kind of query by the attacks that
+    need them (see `outputs.reference_probabilities`), so several attacks share one pass."""
 
     def __post_init__(self) -> None:
         self.y = torch.as_tensor(self.y, dtype=torch.int64)

@@ -99,7 +99,7 @@ def reference_probabilities(
     """Every reference model's probabilities on candidates then population, shape
     (R, views, n + m, classes); cached on the task under `key` (references are the attacker's
     own models, so these calls are not target queries)."""
-    cache = task.__dict__.setdefault("_reference_probabilities", {})
+    cache = task.reference_outputs
     if key not in cache:
         x = task.all_x()
         refs = task.reference_targets(Access.SCORES)

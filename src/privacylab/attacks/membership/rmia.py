@@ -28,24 +28,10 @@ from privacylab.attacks.membership.outputs import (
     true_class_probability,
 )
 from privacylab.attacks.membership.result import AttackError
+from privacylab.report.metrics import roc_auc
 from privacylab.target import Access, Target
 
 A_GRID = tuple(np.round(np.linspace(0.0, 1.0, 11), 2))
-
-
-def _auc(scores: np.ndarray, member: np.ndarray) -> float:
-    """Mann–Whitney AUC with ties counted one half."""
-    order = np.argsort(scores, kind="stable")
-    ranks = np.empty(len(scores))
-    sorted_scores = scores[order]
-    _, first, counts = np.unique(sorted_scores, return_index=True, return_counts=True)
-    mid = first + (counts - 1) / 2.0 + 1.0
-    ranks[order] = np.repeat(mid, counts)
-    n_in = int(member.sum())
-    n_out = len(member) - n_in
-    if n_in == 0 or n_out == 0:
-        return 0.5
-    return float((ranks[member.astype(bool)].sum() - n_in * (n_in + 1) / 2) / (n_in * n_out))
 
 
 class RMIA(MembershipAttack):
@@ -95,7 +81,7 @@ class RMIA(MembershipAttack):
         for a in A_GRID:
             prior = self._prior(others, others_keep, a)
             scores = self._scores(ref_p[0, :n], prior[:n], ref_p[0, n:][z], prior[n:][z])
-            auc = _auc(scores, truth)
+            auc = roc_auc(scores, truth.astype(np.int64))
             if auc > best_auc + 1e-9:
                 best, best_auc = float(a), auc
         return best
