@@ -16,6 +16,7 @@ from privacylab.accounting import Gaussian, make_accountant
 from privacylab.audit import (
     clopper_pearson_bounds,
     epsilon_from_gdp_mu,
+    epsilon_lower_bound_gdp,
     epsilon_lower_bound_poisoning,
     gdp_mu_from_rates,
     one_run_epsilon_lower_bound,
@@ -158,6 +159,31 @@ def test_gdp_epsilon_monotone(mu: float, d1: float, d2: float) -> None:
     assert epsilon_from_gdp_mu(mu * 1.5, lo) >= epsilon_from_gdp_mu(mu, lo)
 
 
+def test_gdp_bound_is_the_mu_of_the_clopper_pearson_upper_rates() -> None:
+    fp, n0, fn, n1 = 300, 1000, 250, 1000
+    _, fpr_hi = clopper_pearson_bounds(fp, n0, 0.05)
+    _, fnr_hi = clopper_pearson_bounds(fn, n1, 0.05)
+    mu = norm.ppf(1 - fpr_hi) - norm.ppf(fnr_hi)
+    eps, mu_lb = epsilon_lower_bound_gdp(fp, n0, fn, n1, 1e-5, 0.95)
+    assert mu_lb == pytest.approx(mu, rel=1e-9)
+    assert eps == pytest.approx(epsilon_from_gdp_mu(mu, 1e-5), rel=1e-9)
+    assert mu_lb < gdp_mu_from_rates(fp / n0, fn / n1)
+    assert epsilon_lower_bound_gdp(500, 1000, 500, 1000, 1e-5) == (0.0, 0.0)
+
+
+@pytest.mark.parametrize("mu", [0.3, 1.0, 2.0])
+def test_gdp_bound_soundness_simulation(mu: float) -> None:
+    """Coverage: with Gaussian scores (exactly μ-GDP) the certified μ_LB exceeds μ in at most
+    α of repeated audits (Bonferroni makes it conservative)."""
+    rng = np.random.default_rng(7)
+    n, reps, threshold = 400, 2000, mu / 2
+    fp = rng.binomial(n, norm.sf(threshold), size=reps)
+    fn = rng.binomial(n, norm.cdf(threshold - mu), size=reps)
+    over = [epsilon_lower_bound_gdp(a, n, b, n, 1e-5)[1] > mu for a, b in zip(fp, fn)]
+    assert np.mean(over) <= 0.05
+    assert np.mean(over) > 0.0 or mu < 0.5  # not vacuous: the bound comes near μ
+
+
 # --- one-run audit (Steinke, Nasr & Jagielski 2023) ------------------------------------------
 
 
@@ -246,6 +272,8 @@ def test_one_run_soundness_simulation(delta: float) -> None:
         (lambda: epsilon_from_gdp_mu(1.0, 1.0), "delta"),
         (lambda: gdp_mu_from_rates(1.5, 0.1), "fpr"),
         (lambda: gdp_mu_from_rates(0.1, float("nan")), "NaN"),
+        (lambda: epsilon_lower_bound_gdp(11, 10, 1, 10, 1e-5), "exceeds"),
+        (lambda: epsilon_lower_bound_gdp(1, 10, 1, 10, 1e-5, confidence=1.0), "confidence"),
         (lambda: one_run_p_value(10, 11, 5, 1.0), "exceed"),
         (lambda: one_run_p_value(10, 5, 6, 1.0), "exceed"),
         (lambda: one_run_p_value(0, 0, 0, 1.0), "m"),

@@ -9,6 +9,7 @@ from privacylab.audit.runner import run_trials
 from privacylab.audit.statistics import (
     clopper_pearson_bounds,
     epsilon_from_gdp_mu,
+    epsilon_lower_bound_gdp,
     epsilon_lower_bound_poisoning,
     gdp_mu_from_rates,
     one_run_epsilon_lower_bound,
@@ -20,6 +21,7 @@ __all__ = [
     "AuditResult",
     "clopper_pearson_bounds",
     "epsilon_from_gdp_mu",
+    "epsilon_lower_bound_gdp",
     "epsilon_lower_bound_poisoning",
     "gdp_mu_from_rates",
     "one_run_epsilon_lower_bound",

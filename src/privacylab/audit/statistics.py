@@ -28,6 +28,7 @@ from privacylab.report.metrics import clopper_pearson
 __all__ = [
     "clopper_pearson_bounds",
     "epsilon_from_gdp_mu",
+    "epsilon_lower_bound_gdp",
     "epsilon_lower_bound_poisoning",
     "gdp_mu_from_rates",
     "one_run_epsilon_lower_bound",
@@ -227,6 +228,37 @@ def gdp_mu_from_rates(fpr: float, fnr: float) -> float:
     if a + b >= 1.0:
         return 0.0
     return float(ndtri(1.0 - a) - ndtri(b))
+
+
+def epsilon_lower_bound_gdp(
+    false_positives: int,
+    negatives: int,
+    false_negatives: int,
+    positives: int,
+    delta: float,
+    confidence: float = 0.95,
+) -> tuple[float, float]:
+    """Certified ε lower bound under the Gaussian-DP assumption (Nasr et al. 2023, "Tight
+    Auditing of Differentially Private Machine Learning", Sec. 4): returns (ε_LB, μ_LB).
+
+    FPR and FNR of a test whose threshold was fixed before the counts are bounded above by
+    Clopper–Pearson, each one-sided at (1 − `confidence`)/2 (Bonferroni: both hold together with
+    probability ≥ `confidence`); μ_LB = Φ⁻¹(1 − FPR_hi) − Φ⁻¹(FNR_hi) (Dong, Roth & Su 2022,
+    Eq. 2.3) and ε_LB is the ε of μ_LB-GDP at `delta` (Cor. 2.13).
+
+    The bound holds for mechanisms whose trade-off curve is Gaussian, as for DP-SGD without
+    sampling (T steps of noise multiplier σ are exactly √T/σ-GDP); for other mechanisms it is an
+    estimate, not a certificate.
+    """
+    fp, n0 = _counts_of_trials("false_positives", false_positives, negatives)
+    fn, n1 = _counts_of_trials("false_negatives", false_negatives, positives)
+    level = _unit_open("confidence", confidence)
+    d = _unit_open("delta", delta)
+    alpha = 1.0 - level
+    fpr_hi = clopper_pearson_bounds(fp, n0, alpha)[1]
+    fnr_hi = clopper_pearson_bounds(fn, n1, alpha)[1]
+    mu = gdp_mu_from_rates(fpr_hi, fnr_hi)
+    return epsilon_from_gdp_mu(mu, d), mu
 
 
 def _check_guesses(m: object, r: object, v: object) -> tuple[int, int, int]:

@@ -5,12 +5,16 @@ Differentially Private Machine Learning", USENIX Security), Sec. 4–5, after Na
 ("Adversary Instantiation", Sec. 4, the "gradient canary" adversary with access to all
 intermediate updates).
 
-The adversary controls one "example" whose clipped gradient is the Dirac vector C·e_j, with j a
+The adversary controls "examples" whose clipped gradient is the Dirac vector C·e_j, with j a
 weight of a logistic regression on a pixel that is 0 in every training image, so that the real
-data contributes exactly 0 to coordinate j of the clipped sum.  The training run is DP-SGD
-through :class:`~privacylab.training.dp.engine.DPSGD` with Poisson sampling at rate q.  In world
-D1 the canary joins each step's batch independently with probability q (like any example); in D0
-it is absent.  The auditor reads coordinate j of every privatised update,
+data contributes exactly 0 to coordinate j of the clipped sum.  Every such weight (each zero
+pixel × each class: 110 with the default 200 digits) hosts its own canary.  Their coordinates are
+disjoint, the data never reaches them and a weight on a zero pixel never changes any output, so
+the canaries' observations are independent and each run yields one trial per canary.
+The training run is DP-SGD through :class:`~privacylab.training.dp.engine.DPSGD` with Poisson
+sampling at rate q.  In world D1 each canary joins each step's batch independently with
+probability q (like any example); in D0 it is absent.  The auditor
+reads coordinate j of every privatised update,
 
     o_t = L·grad_t[j] = clipped_sum_t[j] + noise_t[j] + C·b_t,   b_t ~ Bernoulli(q) in D1, 0 in D0,
 
@@ -30,20 +34,24 @@ is inserted).  For q = 1 this is an increasing function of Σ_t o_t, the "simple
 Design (a) (:func:`run_whitebox_audit`, method ``"dirac"``): T trials, each one run with the
 canary (D1) and one without (D0).
 
-* The *certified* lower bound (``epsilon_lower_bound``) is the Clopper–Pearson bound of
-  Jagielski et al. 2020 (Alg. 2; :func:`privacylab.report.metrics.epsilon_lower_bound`), valid
-  at ``confidence``: trials with an even index choose the threshold (largest bound there), trials
+* The *Clopper–Pearson* bound (``params["epsilon_lower_bound_cp"]``) of Jagielski et al. 2020
+  (Alg. 2; :func:`privacylab.report.metrics.epsilon_lower_bound`), valid at ``confidence`` for
+  any mechanism: trials with an even index choose the threshold (largest bound there), trials
   with an odd index are counted at it.
-* The *GDP estimate* (``params["epsilon_gdp_estimate"]``) is μ̂ = Φ⁻¹(1 − FPR) − Φ⁻¹(FNR)
-  (Nasr et al. 2023, Sec. 4; Dong, Roth & Su 2022, Eq. 2.3) turned into ε at δ (Dong et al.,
-  Cor. 2.13), with FPR and FNR counted over all trials at the threshold fixed in advance halfway
-  between the claimed D0 and D1 (likelihood ratio 1), counts floored at ½ so that it stays
-  finite.  It is a point estimate, not a bound: it assumes the trade-off curve is Gaussian (exact
-  for q = 1) and may exceed the true ε by sampling error.
+* The *GDP* bound (``params["epsilon_lower_bound_gdp"]``) of Nasr et al. 2023 (Sec. 4): at the
+  threshold fixed in advance halfway between the claimed D0 and D1 (likelihood ratio 1), FPR and
+  FNR over all trials are bounded by Clopper–Pearson (Bonferroni over the two), μ_LB =
+  Φ⁻¹(1 − FPR_hi) − Φ⁻¹(FNR_hi) (Dong, Roth & Su 2022, Eq. 2.3) and ε_LB is the ε of μ_LB-GDP
+  (Dong et al., Cor. 2.13).  It is certified when the trade-off curve is Gaussian, which holds
+  exactly for q = 1 (T steps of noise σ are √T/σ-GDP, and the Dirac observations are Gaussian).
+* ``epsilon_lower_bound`` is the GDP bound for q = 1 and the Clopper–Pearson one for q < 1
+  (``bound="auto"``; set ``bound`` to choose).
+* ``params["epsilon_gdp_estimate"]`` is the GDP point estimate μ̂ at the same counts (floored at
+  ½): not a bound.
 
-Reaching ε_LB ≈ ε with Clopper–Pearson at δ = 1e-5 needs FPR ≈ e^{−ε} to be *certified*, i.e.
-≳ 3.7·e^{ε} held-out runs per world (thousands at ε = 8); the GDP estimate is nearly tight with
-a few hundred runs.  That is the trade-off Nasr et al. 2023 (Sec. 4) resolve with the GDP fit.
+Reaching ε_LB ≈ ε with Clopper–Pearson alone at δ = 1e-5 needs FPR ≈ e^{−ε} to be *certified*,
+i.e. ≳ 3.7·e^{ε} held-out trials per world (thousands at ε = 8); the GDP bound is nearly tight
+with about 2,000 trials per world (20 runs of 110 canaries).
 
 Design (b), per-step trials inside one run (:func:`run_per_step_audit`, method
 ``"dirac-per-step"``): at every step of one long run a fair coin, not Poisson sampling, decides
@@ -80,12 +88,13 @@ from privacylab.accounting.calibration import calibrate_noise_multiplier, dp_sgd
 from privacylab.audit._checks import whole
 from privacylab.audit.result import AuditResult
 from privacylab.audit.runner import run_trials
-from privacylab.audit.statistics import epsilon_from_gdp_mu
+from privacylab.audit.statistics import epsilon_from_gdp_mu, epsilon_lower_bound_gdp
 from privacylab.execution import Executor, ResultStore
 from privacylab.report.metrics import epsilon_lower_bound
 
 METHOD = "dirac"
 SCORES: tuple[str, ...] = ("likelihood_ratio", "sum")
+BOUNDS: tuple[str, ...] = ("auto", "gdp", "clopper-pearson")
 _ACCOUNTANTS: tuple[str, ...] = ("pld", "rdp", "gdp")
 GDP_MIN_ERROR_RATE = 0.05
 """Least error rate on each side at the threshold used for the GDP estimate."""
@@ -117,6 +126,9 @@ class DiracAudit:
         learning_rate: SGD step size.
         accountant: accountant used to calibrate σ and report ε (``pld``, ``rdp`` or ``gdp``).
         score: ``likelihood_ratio`` (default, Neyman–Pearson for the Poisson mixture) or ``sum``.
+        canaries: Dirac canaries per run, one per (zero pixel, class) weight; 0 = all there are.
+        bound: the bound reported as ``epsilon_lower_bound``: ``gdp`` (Nasr et al. 2023, exact for
+            q = 1), ``clopper-pearson`` (Jagielski et al. 2020) or ``auto`` (gdp iff q = 1).
         noise_scale_bug: b in (0, 1]; train with σ·b but report the ε of σ (1 = no bug).
         rate_bug: r in (0, 1]; sample at q but report the ε of rate q·r (1 = no bug).
         seed: base seed; trial i of this configuration is seeded from (seed, i).
@@ -131,6 +143,8 @@ class DiracAudit:
     learning_rate: float = 0.1
     accountant: str = "pld"
     score: str = "likelihood_ratio"
+    canaries: int = 0
+    bound: str = "auto"
     noise_scale_bug: float = 1.0
     rate_bug: float = 1.0
     seed: int = 0
@@ -150,12 +164,22 @@ class DiracAudit:
         whole("steps", self.steps, 1)
         whole("num_examples", self.num_examples, 1)
         whole("seed", self.seed, 0)
+        whole("canaries", self.canaries, 0)
+        if self.bound not in BOUNDS:
+            raise ValueError(f"bound must be one of {', '.join(BOUNDS)}, got {self.bound!r}")
         if self.accountant not in _ACCOUNTANTS:
             raise ValueError(
                 f"accountant must be one of {', '.join(_ACCOUNTANTS)}, got {self.accountant!r}"
             )
         if self.score not in SCORES:
             raise ValueError(f"score must be one of {', '.join(SCORES)}, got {self.score!r}")
+
+    @property
+    def certified_by(self) -> str:
+        """The bound reported as ``epsilon_lower_bound`` (``auto`` resolved)."""
+        if self.bound != "auto":
+            return self.bound
+        return "gdp" if self.sample_rate >= 1.0 else "clopper-pearson"
 
     @property
     def reported_sample_rate(self) -> float:
@@ -194,8 +218,9 @@ class DiracAudit:
 
 
 @lru_cache(maxsize=4)
-def _digits(num_examples: int) -> tuple[Tensor, Tensor, int]:
-    """First `num_examples` digits, flattened, and the index of a pixel that is 0 in all of them."""
+def _digits(num_examples: int) -> tuple[Tensor, Tensor, Tensor]:
+    """First `num_examples` digits, flattened, and the indices of the pixels that are 0 in all of
+    them."""
     from privacylab.data import load_dataset
 
     data = load_dataset("digits")
@@ -205,28 +230,45 @@ def _digits(num_examples: int) -> tuple[Tensor, Tensor, int]:
     zero = (x.abs().sum(0) == 0).nonzero().flatten()
     if zero.numel() == 0:
         raise ValueError("no pixel is 0 in every training image; cannot isolate a Dirac coordinate")
-    return x, y, int(zero[0])
+    return x, y, zero
+
+
+def canary_coordinates(config: DiracAudit) -> tuple[Tensor, Tensor]:
+    """(class rows, pixel columns) of the weights hosting the canaries: every zero pixel × every
+    class, pixel-major, the first ``config.canaries`` of them (all for 0)."""
+    _, _, zero = _digits(config.num_examples)
+    rows = torch.arange(10).repeat(zero.numel())
+    cols = zero.repeat_interleave(10)
+    if config.canaries > rows.numel():
+        raise ValueError(
+            f"canaries={config.canaries} but only {rows.numel()} weights sit on zero pixels"
+        )
+    k = config.canaries or rows.numel()
+    return rows[:k], cols[:k]
 
 
 def _train_and_observe(
     config: DiracAudit,
     noise_multiplier: float,
-    canary: bool | list[bool],
+    canary: bool | np.ndarray,
     seed: int,
     claimed: float,
-) -> list[float]:
+) -> np.ndarray:
     """One DP-SGD run of logistic regression on digits, trained with `noise_multiplier`;
-    returns o_t/(σ_claimed·C) per step, σ_claimed = `claimed`.
+    returns o_t/(σ_claimed·C) for every canary and step, shape (canaries, steps),
+    σ_claimed = `claimed`.
 
     The model has no bias: with a single parameter tensor the engine's noise draws cannot be
     reordered (ghost clipping visits a layer's parameters in frozenset order, which depends on
     PYTHONHASHSEED), so the same seed gives the same numbers in every process.
 
-    `canary`: False (D0), True (D1: Poisson-sampled at rate q each step) or a per-step schedule.
+    `canary`: False (D0), True (D1: each canary Poisson-sampled at rate q each step, independently)
+    or a boolean schedule of shape (canaries, steps).
     """
     from privacylab.training.dp.engine import DPSGD, StepInfo
 
-    x, y, pixel = _digits(config.num_examples)
+    x, y, _ = _digits(config.num_examples)
+    rows, cols = canary_coordinates(config)
     gen = torch.Generator().manual_seed(seed)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
@@ -246,18 +288,20 @@ def _train_and_observe(
     )
     canary_gen = torch.Generator().manual_seed(seed + 1)
     unit = claimed * clip
-    observed: list[float] = []
+    observed = np.empty((rows.numel(), config.steps), dtype=np.float64)
 
     def hook(info: StepInfo) -> None:
         grad = model.weight.grad
         assert grad is not None
-        if isinstance(canary, list):
-            present = canary[info.step - 1]
+        t = info.step - 1
+        if isinstance(canary, np.ndarray):
+            present = torch.as_tensor(canary[:, t], dtype=torch.bool)
+        elif canary:
+            present = torch.rand(rows.numel(), generator=canary_gen) < q
         else:
-            present = canary and float(torch.rand((), generator=canary_gen)) < q
-        if present:
-            grad[0, pixel] += clip / engine.expected_batch_size
-        observed.append(float(grad[0, pixel]) * engine.expected_batch_size / unit)
+            present = torch.zeros(rows.numel(), dtype=torch.bool)
+        grad[rows, cols] += present.to(grad.dtype) * (clip / engine.expected_batch_size)
+        observed[:, t] = (grad[rows, cols] * (engine.expected_batch_size / unit)).numpy()
 
     engine.add_step_hook(hook)
     for _ in range(config.steps):
@@ -269,23 +313,24 @@ def _train_and_observe(
     return observed
 
 
-def _score(config: DiracAudit, z: list[float]) -> float:
-    obs = np.asarray(z, dtype=np.float64)
+def _score(config: DiracAudit, obs: np.ndarray) -> list[float]:
+    """The run's score of each canary (one row of `obs` each, one column per step)."""
     if config.score == "sum":
-        return float(obs.sum())
+        return obs.sum(axis=1).tolist()
     mu = 1.0 / config.reported_noise_multiplier()
     q = config.sample_rate
     log_ratio = mu * obs - 0.5 * mu * mu
     if q >= 1.0:
-        return float(log_ratio.sum())
-    return float(np.logaddexp(math.log1p(-q), math.log(q) + log_ratio).sum())
+        return log_ratio.sum(axis=1).tolist()
+    return np.logaddexp(math.log1p(-q), math.log(q) + log_ratio).sum(axis=1).tolist()
 
 
 def whitebox_trial(task: dict[str, Any]) -> dict[str, Any]:
     """One audit trial (top-level, picklable, for :func:`privacylab.audit.run_trials`).
 
-    ``task = {"config": asdict(DiracAudit), "trial": i}``; trains one run without the canary
-    (D0) and one with it (D1), with seeds derived from (seed, i), and returns their scores.
+    ``task = {"config": asdict(DiracAudit), "trial": i}``; trains one run without the canaries
+    (D0) and one with them (D1), with seeds derived from (seed, i), and returns every canary's
+    score in each, ``{"score_out": [...], "score_in": [...]}``.
     """
     torch.set_num_threads(1)
     config = DiracAudit(**task["config"])
@@ -328,8 +373,9 @@ def held_out_audit(
 ) -> dict[str, Any]:
     """Threshold on the first half of each score array, counts on the second half.
 
-    Returns the Clopper–Pearson ε bound (Jagielski et al. 2020, Alg. 2) and the GDP estimate
-    (Nasr et al. 2023, Sec. 4) from the held-out counts, with the thresholds and counts.
+    Returns the Clopper–Pearson ε bound (Jagielski et al. 2020, Alg. 2), the GDP bound and the
+    GDP estimate (Nasr et al. 2023, Sec. 4) from counts not used to choose their thresholds, with
+    the thresholds and counts.
     `splits` = ([choose_in, test_in], [choose_out, test_out]) overrides the halving.
 
     With `gdp_threshold` (fixed before the data, e.g. the claimed model's midpoint), the GDP
@@ -369,8 +415,13 @@ def held_out_audit(
         mu_threshold = float(gdp_threshold)
         gtp, gfn, gfp, gtn = _counts(inside, outside, mu_threshold)
     mu_hat = max(_mu(gfp, gfn, gfp + gtn, gtp + gfn), 0.0)
+    epsilon_gdp_lb, mu_lb = epsilon_lower_bound_gdp(
+        gfp, gfp + gtn, gfn, gtp + gfn, delta, confidence
+    )
     return {
         "epsilon_cp": certified,
+        "epsilon_gdp_lb": epsilon_gdp_lb,
+        "mu_gdp_lb": mu_lb,
         "epsilon_gdp": epsilon_from_gdp_mu(mu_hat, delta),
         "mu_gdp": mu_hat,
         "cp_threshold": cp_threshold,
@@ -402,10 +453,12 @@ def run_whitebox_audit(
 ) -> AuditResult:
     """Audit DP-SGD with a Dirac gradient canary (Nasr et al. 2023, Sec. 4–5; design (a)).
 
-    Runs (or reuses from `store`) trials 0..trials−1, each a D0 and a D1 training run; even
-    trials choose the threshold, odd trials are counted.  ``epsilon_lower_bound`` is the
-    Clopper–Pearson bound, certified at `confidence`; ``params["epsilon_gdp_estimate"]`` is the
-    GDP point estimate (see the module docstring).  ``epsilon_theory`` is the ε the run reports
+    Runs (or reuses from `store`) trials 0..trials−1, each a D0 and a D1 training run with every
+    canary; for the Clopper–Pearson bound the canaries of even trials choose the threshold and
+    those of odd trials are counted, the GDP bound counts all at the threshold fixed in advance.
+    ``epsilon_lower_bound`` is the bound named by ``config.certified_by``, certified at
+    `confidence` (see the module docstring); both bounds and the GDP point estimate are in
+    ``params``.  ``epsilon_theory`` is the ε the run reports
     (so ``violated`` flags ``noise_scale_bug``/``rate_bug``); ``params["epsilon_actual"]`` is the
     ε of the mechanism actually run.
     """
@@ -415,6 +468,7 @@ def run_whitebox_audit(
     level = _real("confidence", confidence)
     if not 0.0 < level < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    canary_coordinates(config)  # fails fast on too many canaries
     start = time.perf_counter()
     sigma = config.reported_noise_multiplier()
     rows = run_trials(whitebox_trial, asdict(config), n, store=store, executor=executor)
@@ -422,22 +476,32 @@ def run_whitebox_audit(
     outside = np.array([r["score_out"] for r in rows], dtype=np.float64)
     choose, count = slice(0, n, 2), slice(1, n, 2)
     found = held_out_audit(
-        inside,
-        outside,
+        inside.ravel(),
+        outside.ravel(),
         config.delta,
         level,
-        splits=([inside[choose], inside[count]], [outside[choose], outside[count]]),
+        splits=(
+            [inside[choose].ravel(), inside[count].ravel()],
+            [outside[choose].ravel(), outside[count].ravel()],
+        ),
         gdp_threshold=_midpoint(config, sigma),
     )
+    bound = config.certified_by
+    certified = found["epsilon_gdp_lb"] if bound == "gdp" else found["epsilon_cp"]
     return AuditResult(
         method=METHOD,
         epsilon_theory=config.reported_epsilon(),
         delta=config.delta,
         accountant=config.accountant,
-        epsilon_lower_bound=found["epsilon_cp"],
+        epsilon_lower_bound=certified,
         confidence=level,
         trials=n,
-        counts={**found["counts"], "gdp": found["gdp_counts"], "runs": 2 * n},
+        counts={
+            **found["counts"],
+            "gdp": found["gdp_counts"],
+            "runs": 2 * n,
+            "canaries": int(inside.shape[1]),
+        },
         seconds=time.perf_counter() - start,
         params={
             "noise_multiplier": sigma,
@@ -447,6 +511,10 @@ def run_whitebox_audit(
             "steps": config.steps,
             "max_grad_norm": config.max_grad_norm,
             "score": config.score,
+            "bound": bound,
+            "epsilon_lower_bound_cp": found["epsilon_cp"],
+            "epsilon_lower_bound_gdp": found["epsilon_gdp_lb"],
+            "mu_lower_bound_gdp": found["mu_gdp_lb"],
             "epsilon_target": config.epsilon,
             "epsilon_actual": config.actual_epsilon(),
             "epsilon_gdp_estimate": found["epsilon_gdp"],
@@ -460,9 +528,9 @@ def run_whitebox_audit(
 
 
 def per_step_trial(task: dict[str, Any]) -> dict[str, Any]:
-    """Design (b): one run of ``config["per_step_steps"]`` steps, the canary added at each step
-    with probability ½; returns the coins and the per-step observations z_t = o_t/(σC)
-    (top-level and picklable, for :func:`privacylab.audit.run_trials`)."""
+    """Design (b): one run of ``config["per_step_steps"]`` steps, each canary added at each step
+    with probability ½ (its own coin); returns the coins and the observations z = o/(σC), both of
+    shape (canaries, steps) (top-level and picklable, for :func:`privacylab.audit.run_trials`)."""
     torch.set_num_threads(1)
     fields = dict(task["config"])
     steps = whole("per_step_steps", fields.pop("per_step_steps", None), 2)
@@ -471,10 +539,11 @@ def per_step_trial(task: dict[str, Any]) -> dict[str, Any]:
     sigma = claimed * audited.noise_scale_bug
     config = replace(audited, steps=steps)
     seed = (config.seed * 1_000_003 + whole("trial", task["trial"], 0)) * 4
-    coins = torch.rand(steps, generator=torch.Generator().manual_seed(seed + 3)) < 0.5
-    labels = [bool(b) for b in coins]
+    width = canary_coordinates(config)[0].numel()
+    coins = torch.rand(width, steps, generator=torch.Generator().manual_seed(seed + 3)) < 0.5
+    labels = coins.numpy()
     z = _train_and_observe(config, sigma, canary=labels, seed=seed, claimed=claimed)
-    return {"labels": labels, "scores": z}
+    return {"labels": labels.tolist(), "scores": z.tolist()}
 
 
 def run_per_step_audit(
@@ -487,10 +556,12 @@ def run_per_step_audit(
 ) -> AuditResult:
     """Design (b): per-step trials inside one run of `steps` steps (see the module docstring).
 
-    Even steps choose the threshold, odd steps are counted; ``epsilon_lower_bound`` is the
-    Clopper–Pearson bound (Jagielski et al. 2020, Alg. 2) and ``epsilon_theory`` the ε of *one*
-    unsampled step, ε(σ_reported, q = 1, 1 step) by the configured accountant — the guarantee the
-    per-step trials can test.  The run is one durable trial in `store`.
+    Every (canary, step) pair is a trial.  For the Clopper–Pearson bound (Jagielski et al. 2020,
+    Alg. 2) even steps choose the threshold and odd steps are counted; the GDP bound (Nasr et al.
+    2023, Sec. 4) counts all at the claimed midpoint 1/(2σ).  The audited mechanism is one
+    unsampled Gaussian step, exactly (1/σ)-GDP, so ``bound="auto"`` reports the GDP bound.
+    ``epsilon_theory`` is ε(σ_reported, q = 1, 1 step) by the configured accountant — the
+    guarantee the per-step trials can test.  The run is one durable trial in `store`.
     """
     if not isinstance(config, DiracAudit):
         raise ValueError(f"config must be a DiracAudit, got {type(config).__name__}")
@@ -498,6 +569,7 @@ def run_per_step_audit(
     level = _real("confidence", confidence)
     if not 0.0 < level < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+    canary_coordinates(config)  # fails fast on too many canaries
     start = time.perf_counter()
     sigma = config.reported_noise_multiplier()
     payload = {**asdict(config), "per_step_steps": n}
@@ -505,8 +577,8 @@ def run_per_step_audit(
     labels = np.asarray(row["labels"], dtype=bool)
     scores = np.asarray(row["scores"], dtype=np.float64)
     choose, count = slice(0, n, 2), slice(1, n, 2)
-    parts = [scores[choose][labels[choose]], scores[count][labels[count]]]
-    nulls = [scores[choose][~labels[choose]], scores[count][~labels[count]]]
+    parts = [scores[:, choose][labels[:, choose]], scores[:, count][labels[:, count]]]
+    nulls = [scores[:, choose][~labels[:, choose]], scores[:, count][~labels[:, count]]]
     if min(p.size for p in parts + nulls) == 0:
         raise ValueError(f"steps={n} is too few: a half has no step with (or without) the canary")
     found = held_out_audit(
@@ -517,15 +589,22 @@ def run_per_step_audit(
         splits=(parts, nulls),
         gdp_threshold=0.5 / sigma,
     )
+    bound = "gdp" if config.bound == "auto" else config.bound
     return AuditResult(
         method="dirac-per-step",
         epsilon_theory=dp_sgd_epsilon(sigma, 1.0, 1, config.delta, config.accountant),
         delta=config.delta,
         accountant=config.accountant,
-        epsilon_lower_bound=found["epsilon_cp"],
+        epsilon_lower_bound=found["epsilon_gdp_lb"] if bound == "gdp" else found["epsilon_cp"],
         confidence=level,
-        trials=n,
-        counts={**found["counts"], "gdp": found["gdp_counts"], "runs": 1},
+        trials=int(labels.size),
+        counts={
+            **found["counts"],
+            "gdp": found["gdp_counts"],
+            "runs": 1,
+            "steps": n,
+            "canaries": int(labels.shape[0]),
+        },
         seconds=time.perf_counter() - start,
         params={
             "noise_multiplier": sigma,
@@ -533,6 +612,10 @@ def run_per_step_audit(
             "sample_rate": config.sample_rate,
             "steps": n,
             "max_grad_norm": config.max_grad_norm,
+            "bound": bound,
+            "epsilon_lower_bound_cp": found["epsilon_cp"],
+            "epsilon_lower_bound_gdp": found["epsilon_gdp_lb"],
+            "mu_lower_bound_gdp": found["mu_gdp_lb"],
             "epsilon_run_reported": dp_sgd_epsilon(
                 sigma, config.reported_sample_rate, n, config.delta, config.accountant
             ),
