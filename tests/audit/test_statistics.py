@@ -179,7 +179,7 @@ def test_gdp_bound_soundness_simulation(mu: float) -> None:
     n, reps, threshold = 400, 2000, mu / 2
     fp = rng.binomial(n, norm.sf(threshold), size=reps)
     fn = rng.binomial(n, norm.cdf(threshold - mu), size=reps)
-    over = [epsilon_lower_bound_gdp(a, n, b, n, 1e-5)[1] > mu for a, b in zip(fp, fn)]
+    over = [epsilon_lower_bound_gdp(a, n, b, n, 1e-5)[1] > mu for a, b in zip(fp, fn, strict=True)]
     assert np.mean(over) <= 0.05
     assert np.mean(over) > 0.0 or mu < 0.5  # not vacuous: the bound comes near μ
 
