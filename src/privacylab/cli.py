@@ -872,6 +872,10 @@ def audit_command(
         Path, typer.Option("--store", help="Result store; a re-run resumes from it.")
     ] = Path("privacylab-audit/store.sqlite"),
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    k: Annotated[
+        int | None,
+        typer.Option("--k", help="Poisoning audits: poisoned rows (distance of D0 and D1)."),
+    ] = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Measure a lower bound on ε by attacking our own DP-SGD (Jagielski et al. 2020; Nasr et
@@ -894,7 +898,7 @@ def audit_command(
         start = time.perf_counter()
         result = run_audit(
             method, epsilon=epsilon, delta=delta, trials=trials, dataset=dataset, model=model,
-            confidence=confidence, store=store, executor=runner, seed=seed,
+            confidence=confidence, store=store, executor=runner, seed=seed, k=k,
         )  # fmt: skip
         payload = {**result.to_dict(), "wall_seconds": time.perf_counter() - start}
         if json_output:

@@ -38,6 +38,13 @@ def test_one_run_whitebox_from_the_cli(tmp_path: Path) -> None:
     assert out["trials"] == 1 and 0 < out["epsilon_lower_bound"] <= out["epsilon_theory"]
 
 
+def test_poisoning_distance_from_the_cli(tmp_path: Path) -> None:
+    out = _audit("--method", "clipbkd", "--k", "2", "--epsilon", "8", "--trials", "20",
+                 "--executor", "serial", "--store", str(tmp_path / "s.sqlite"))  # fmt: skip
+    assert out["params"]["k"] == 2 and out["params"]["init"] == "fixed"
+    assert out["trials"] == 20 and out["epsilon_lower_bound"] <= out["epsilon_theory"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -46,6 +53,7 @@ def test_one_run_whitebox_from_the_cli(tmp_path: Path) -> None:
         (["--delta", "2"], "delta"),
         (["--confidence", "1.5"], "confidence must be in (0, 1)"),
         (["--executor", "slurm"], "slurm"),
+        (["--method", "dirac", "--k", "2"], "applies to the poisoning audits"),
     ],
 )
 def test_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) -> None:

@@ -25,11 +25,15 @@ def run_audit(
     store: ResultStore | str | Path,
     executor: Executor | None = None,
     seed: int = 0,
+    k: int | None = None,
 ) -> AuditResult:
     """Audit DP-SGD trained for (`epsilon`, `delta`) with `method`; trials are durable in
-    `store`. One-run audits use a single training run, so `trials` does not apply to them."""
+    `store`. One-run audits use a single training run, so `trials` does not apply to them.
+    `k` is the number of poisoned rows of a poisoning audit (None: the method's default)."""
     if method not in METHODS:
         raise ValueError(f"unknown audit method {method!r}; choose one of {', '.join(METHODS)}")
+    if k is not None and method not in POISONING:
+        raise ValueError(f"--k applies to the poisoning audits ({', '.join(POISONING)}) only")
     owned = not isinstance(store, ResultStore)
     db = ResultStore(store) if owned else store
     try:
@@ -38,7 +42,7 @@ def run_audit(
 
             config = PoisoningAudit(
                 method=method, dataset=dataset, model=model, epsilon=epsilon, delta=delta,
-                seed=seed,
+                seed=seed, k=k,
             )  # fmt: skip
             return run_poisoning_audit(
                 config, trials, store=db, executor=executor, confidence=confidence
