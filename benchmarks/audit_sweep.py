@@ -24,6 +24,7 @@ from typing import Any
 
 from privacylab.audit import METHODS, run_audit
 from privacylab.audit.job import POISONING
+from privacylab.audit.poisoning import PoisoningAudit, run_poisoning_audit
 from privacylab.execution import ResultStore, make_executor
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -45,18 +46,23 @@ def sweep(
     workers: int,
     store: Path,
     k: int | None = None,
+    poisoning: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run every (method, ε) audit; return one row each."""
+    """Run every (method, ε) audit; return one row each. `poisoning` overrides fields of
+    `PoisoningAudit` (e.g. ``batch_size``, ``epochs``) for the poisoning methods."""
     rows = []
     executor = make_executor("local", workers)
     with ResultStore(store) as db:
         for method in methods:
             for epsilon in epsilons:
                 start = time.perf_counter()
-                poisons = k if method in POISONING else None
-                result = run_audit(
-                    method, epsilon=epsilon, trials=trials, store=db, executor=executor, k=poisons
-                )
+                if method in POISONING:
+                    config = PoisoningAudit(method=method, epsilon=epsilon, k=k, **poisoning or {})
+                    result = run_poisoning_audit(config, trials, store=db, executor=executor)
+                else:
+                    result = run_audit(
+                        method, epsilon=epsilon, trials=trials, store=db, executor=executor
+                    )
                 row = {
                     "method": method,
                     "k": result.params.get("k"),
@@ -95,6 +101,10 @@ def main() -> int:
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument("--k", type=int, default=None, help="poisons (poisoning audits)")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="poisoning: expected batch (full batch)"
+    )
+    parser.add_argument("--epochs", type=int, default=None, help="poisoning: epochs (3)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--store", type=Path, default=Path(".cache/audit_sweep.sqlite"))
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -107,7 +117,12 @@ def main() -> int:
     epsilons = (1.0, 8.0) if args.quick else EPSILONS
     trials = 40 if args.quick else args.trials
     args.store.parent.mkdir(parents=True, exist_ok=True)
-    rows = sweep(methods, epsilons, trials, args.workers, args.store, args.k)
+    overrides = {
+        name: value
+        for name, value in (("batch_size", args.batch_size), ("epochs", args.epochs))
+        if value is not None
+    }
+    rows = sweep(methods, epsilons, trials, args.workers, args.store, args.k, overrides)
     sound = all(r["sound"] for r in rows)
     if args.json:
         print(json.dumps({"rows": rows, "sound": sound}, indent=1))

@@ -10,14 +10,17 @@ trials go through :func:`privacylab.audit.runner.run_trials` (one row of a fresh
 trial), so the numbers include the durable store.
 
 Executors: ``SerialExecutor`` (1 worker), ``LocalExecutor(1)`` (in-process), ``LocalExecutor(2)``
-(spawned pool: its start-up and the workers' imports are counted) and ``RayExecutor(2)`` on a local
-two-CPU Ray instance (Ray's own start-up is reported apart as ``startup_s``; the workers' first
-imports are counted). ``same_scores`` checks that every executor gave the same trial results
-(seeds travel with the tasks). Every worker, and this process, uses one intra-op thread, so two
-workers need two free cores; on a shared machine the speed-ups are lower bounds. The default
-clipping is ``per_sample``: ``ghost`` results depend on the process's global torch RNG state.
+(spawned pool: its start-up and the workers' imports are counted) and ``RayExecutor`` with 1 and
+2 workers on a local Ray instance of that many CPUs (Ray's own start-up is reported apart as
+``ray_startup_s``; the actors' start-up and first imports are counted).  ``speedup_2_vs_1`` is
+each executor's 2-worker rate over its own 1-worker rate (``ray_vs_local_1``: Ray's 2 workers over
+the in-process local worker), over the whole run and in steady state (the last two thirds of the
+results, after every worker's start-up).  ``same_scores`` checks that every executor gave the
+same trial results (seeds travel with the tasks).  Every worker, and this process, uses one
+intra-op thread, so two workers need two free cores; on a shared machine the speed-ups are lower
+bounds.
 
-    python benchmarks/audit_throughput.py --trials 24 --json
+    python benchmarks/audit_throughput.py --trials 400 --json
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ def _measure(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark; print a table (stderr) or one JSON object (stdout) and return it."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=24, help="trials per executor")
+    parser.add_argument("--trials", type=int, default=400, help="trials per executor")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=50, help="0: full batch")
     parser.add_argument("--epsilon", type=float, default=4.0)
@@ -104,7 +107,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     config = trial_payload(audit)
     runs: list[dict[str, Any]] = []
-    startup: float | None = None
+    startup: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for name, executor in (
@@ -118,24 +121,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             try:
                 from privacylab.execution.ray_executor import RayExecutor
 
-                ray_executor = RayExecutor(workers=2)
+                RayExecutor(workers=1)
             except ValueError as err:
                 print(f"ray skipped: {err}", file=sys.stderr)
             else:
-                start = time.perf_counter()
-                with ray_executor.start():
-                    startup = round(time.perf_counter() - start, 3)
-                    runs.append(_measure("ray-2", ray_executor, args.trials, config, folder))
-                print(f"ray-2: {runs[-1]['trials_per_minute']} trials/min", file=sys.stderr)
+                for workers in (1, 2):
+                    name = f"ray-{workers}"
+                    ray_executor = RayExecutor(workers=workers)
+                    start = time.perf_counter()
+                    with ray_executor.start():
+                        startup[name] = round(time.perf_counter() - start, 3)
+                        runs.append(_measure(name, ray_executor, args.trials, config, folder))
+                    print(f"{name}: {runs[-1]['trials_per_minute']} trials/min", file=sys.stderr)
     by_name = {run["executor"]: run for run in runs}
     reference = by_name["serial"]["scores"]
     same = all(run["scores"] == reference for run in runs)
     speedup: dict[str, float | None] = {}
-    for label, two in (("local", "local-2"), ("ray", "ray-2")):
+    pairs = (("local", "local-1", "local-2"), ("ray", "ray-1", "ray-2"))
+    pairs += (("ray_vs_local_1", "local-1", "ray-2"),)
+    for label, single, two in pairs:
         if two not in by_name:
             continue
         for suffix, field in (("", "trials_per_minute"), ("_steady", "steady_trials_per_minute")):
-            one, many = by_name["local-1"][field], by_name[two][field]
+            one, many = by_name[single][field], by_name[two][field]
             speedup[label + suffix] = round(many / one, 3) if one and many else None
     report = {
         "benchmark": "audit_throughput",
