@@ -75,12 +75,13 @@ def test_clipbkd_separates_better_than_membership_inference(tmp_path):
     assert _separation(clip) > _separation(mi) + 0.2
 
 
-def test_broken_dp_sgd_is_caught(tmp_path):
-    options = {"method": "clipbkd", "epsilon": 1.0, "init": "fixed", "epochs": 10}
-    broken = _audit(tmp_path / "bug", 40, noise_scale_bug=0.05, **options)
+@pytest.mark.parametrize(("bug", "trials"), [(0.05, 40), (0.1, 200)])
+def test_broken_dp_sgd_is_caught(tmp_path, bug, trials):
+    options = {"method": "clipbkd", "epsilon": 1.0, "init": "fixed", "epochs": 3}
+    broken = _audit(tmp_path / "bug", trials, noise_scale_bug=bug, **options)
     assert broken.params["bug_injected"] is True
     assert broken.params["noise_multiplier_used"] == pytest.approx(
-        0.05 * broken.params["noise_multiplier"]
+        bug * broken.params["noise_multiplier"]
     )
     assert broken.epsilon_theory <= 1.001
     assert broken.epsilon_lower_bound > broken.epsilon_theory
