@@ -70,7 +70,7 @@ def sweep(
                     "epsilon_theory": result.epsilon_theory,
                     "epsilon_lower_bound": result.epsilon_lower_bound,
                     "ratio": result.epsilon_lower_bound / result.epsilon_theory,
-                    "sound": result.epsilon_lower_bound <= result.epsilon_theory,
+                    "sound": not result.violated,
                     "confidence": result.confidence,
                     "trials": result.trials,
                     "separation": _separation(result.counts),

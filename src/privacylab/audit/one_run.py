@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from privacylab.accounting import calibrate_noise_multiplier
 from privacylab.accounting.calibration import dp_sgd_epsilon
-from privacylab.audit._checks import positive, whole
+from privacylab.audit._checks import confidence_level, positive, whole
 from privacylab.audit.result import AuditResult
 from privacylab.audit.statistics import one_run_epsilon_lower_bound
 from privacylab.data import CANARY_KINDS, Dataset, insert_canaries, load_dataset
@@ -357,10 +357,7 @@ def run_one_run_audit(config: OneRunAudit, *, confidence: float = 0.95) -> Audit
     if not isinstance(config, OneRunAudit):
         _fail(f"config must be a OneRunAudit, got {type(config).__name__}")
     config.validate()
-    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)):
-        _fail(f"confidence must be a number in (0, 1), got {confidence!r}")
-    if not 0.0 < float(confidence) < 1.0:
-        _fail(f"confidence must be in (0, 1), got {confidence!r}")
+    overall = confidence_level(confidence)
     torch.set_num_threads(1)
     start = time.perf_counter()
     included = np.random.default_rng([config.seed, 1]).random(config.m) < 0.5
@@ -369,7 +366,7 @@ def run_one_run_audit(config: OneRunAudit, *, confidence: float = 0.95) -> Audit
     else:
         scores, info = _white_box(config, included)
     pairs = config.guess_counts()
-    level = 1.0 - (1.0 - float(confidence)) / len(pairs)
+    level = 1.0 - (1.0 - overall) / len(pairs)
     best: tuple[float, int, int, int, int] | None = None
     for k_plus, k_minus in pairs:
         r, v = one_run_guesses(scores, included, k_plus, k_minus)
@@ -388,7 +385,7 @@ def run_one_run_audit(config: OneRunAudit, *, confidence: float = 0.95) -> Audit
         delta=config.delta,
         accountant=config.accountant,
         epsilon_lower_bound=float(bound),
-        confidence=float(confidence),
+        confidence=overall,
         trials=1,
         counts={
             "m": config.m,

@@ -42,7 +42,7 @@ from privacylab.accounting.calibration import (
     dp_sgd_epsilon,
     make_accountant,
 )
-from privacylab.audit._checks import positive, whole
+from privacylab.audit._checks import confidence_level, positive, whole
 from privacylab.audit.result import AuditResult
 from privacylab.audit.runner import run_trials
 from privacylab.audit.statistics import epsilon_lower_bound_poisoning
@@ -385,8 +385,13 @@ def trial_payload(config: PoisoningAudit) -> dict[str, Any]:
     actually used with `noise_scale_bug` applied); for running trials outside
     `run_poisoning_audit`, e.g. in benchmarks."""
     sigma, _, _ = _calibrated(config.validate())
+    return _trial_config(config, _noise_used(config, sigma))
+
+
+def _noise_used(config: PoisoningAudit, sigma: float) -> float:
+    """The noise multiplier the trials train with: σ, times `noise_scale_bug` if one is set."""
     bug = config.noise_scale_bug
-    return _trial_config(config, sigma * bug if bug is not None else sigma)
+    return sigma * bug if bug is not None else sigma
 
 
 def run_poisoning_audit(
@@ -409,17 +414,15 @@ def run_poisoning_audit(
         _fail(f"config must be a PoisoningAudit, got {type(config).__name__}")
     config.validate()
     trials = whole("trials", trials, 2)
-    level = positive("confidence", confidence)
-    if level >= 1:
-        _fail(f"confidence must be in (0, 1), got {confidence!r}")
+    level = confidence_level(confidence)
     start = time.perf_counter()
     k = config.poisons
     q0, steps0 = _schedule(config, config.train_size)
     q1, _ = _schedule(config, config.train_size + k)
     sigma, eps_d0, eps_d1 = _calibrated(config)
     bug = config.noise_scale_bug
-    trial_config = trial_payload(config)
-    actual = trial_config["noise_multiplier"]
+    actual = _noise_used(config, sigma)
+    trial_config = _trial_config(config, actual)
     _setup(trial_config)
     results = run_trials(poisoning_trial, trial_config, trials, store=store, executor=executor)
     s0 = np.array([r["stat_d0"] for r in results])

@@ -85,12 +85,12 @@ from scipy.special import ndtri
 from torch import Tensor, nn
 
 from privacylab.accounting.calibration import calibrate_noise_multiplier, dp_sgd_epsilon
-from privacylab.audit._checks import whole
+from privacylab.audit._checks import confidence_level, finite, whole
 from privacylab.audit.result import AuditResult
 from privacylab.audit.runner import run_trials
 from privacylab.audit.statistics import epsilon_from_gdp_mu, epsilon_lower_bound_gdp
 from privacylab.execution import Executor, ResultStore
-from privacylab.report.metrics import epsilon_lower_bound
+from privacylab.report.metrics import epsilon_from_counts, epsilon_lower_bound, roc_counts
 
 METHOD = "dirac"
 SCORES: tuple[str, ...] = ("likelihood_ratio", "sum")
@@ -98,18 +98,6 @@ BOUNDS: tuple[str, ...] = ("auto", "gdp", "clopper-pearson")
 _ACCOUNTANTS: tuple[str, ...] = ("pld", "rdp", "gdp")
 GDP_MIN_ERROR_RATE = 0.05
 """Least error rate on each side at the threshold used for the GDP estimate."""
-
-
-def _real(name: str, value: object) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(number):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return number
 
 
 @dataclass(frozen=True)
@@ -150,16 +138,16 @@ class DiracAudit:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        eps = _real("epsilon", self.epsilon)
+        eps = finite("epsilon", self.epsilon)
         if eps <= 0.0:
             raise ValueError(f"epsilon must be > 0, got {self.epsilon!r}")
-        if not 0.0 < _real("delta", self.delta) < 1.0:
+        if not 0.0 < finite("delta", self.delta) < 1.0:
             raise ValueError(f"delta must be in (0, 1), got {self.delta!r}")
         for name in ("sample_rate", "noise_scale_bug", "rate_bug"):
-            if not 0.0 < _real(name, getattr(self, name)) <= 1.0:
+            if not 0.0 < finite(name, getattr(self, name)) <= 1.0:
                 raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
         for name in ("max_grad_norm", "learning_rate"):
-            if _real(name, getattr(self, name)) <= 0.0:
+            if finite(name, getattr(self, name)) <= 0.0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         whole("steps", self.steps, 1)
         whole("num_examples", self.num_examples, 1)
@@ -343,12 +331,12 @@ def whitebox_trial(task: dict[str, Any]) -> dict[str, Any]:
     return {"score_out": _score(config, out), "score_in": _score(config, into)}
 
 
-def _floored_rate(errors: int, n: int) -> float:
-    return min(max(errors, 0.5), n - 0.5) / n
-
-
-def _mu(fp: int, fn: int, n0: int, n1: int) -> float:
-    return float(ndtri(1.0 - _floored_rate(fp, n0)) - ndtri(_floored_rate(fn, n1)))
+def _mu(fp: Any, fn: Any, n0: Any, n1: Any) -> Any:
+    """μ̂ = Φ⁻¹(1 − FPR) − Φ⁻¹(FNR), error counts floored at ½ (and capped at n − ½) so that it
+    stays finite; accepts arrays."""
+    fpr = np.clip(fp, 0.5, np.asarray(n0) - 0.5) / n0
+    fnr = np.clip(fn, 0.5, np.asarray(n1) - 0.5) / n1
+    return ndtri(1.0 - fpr) - ndtri(fnr)
 
 
 def _counts(inside: np.ndarray, outside: np.ndarray, threshold: float) -> tuple[int, ...]:
@@ -357,9 +345,10 @@ def _counts(inside: np.ndarray, outside: np.ndarray, threshold: float) -> tuple[
     return tp, inside.size - tp, fp, outside.size - fp
 
 
-def _thresholds(inside: np.ndarray, outside: np.ndarray) -> np.ndarray:
-    both = np.unique(np.concatenate([inside, outside]))
-    return np.concatenate([both, [np.inf]])
+def _lowest_best(values: np.ndarray, thresholds: np.ndarray) -> tuple[float, float]:
+    """(largest value, the lowest threshold reaching it); `thresholds` run from high to low."""
+    last = values.size - 1 - int(np.argmax(values[::-1]))
+    return float(values[last]), float(thresholds[last])
 
 
 def held_out_audit(
@@ -389,24 +378,22 @@ def held_out_audit(
         test_in, test_out = inside[half_in:], outside[half_out:]
     else:
         (choose_in, test_in), (choose_out, test_out) = splits
-    best_cp, cp_threshold = -1.0, math.inf
-    best_mu, mu_threshold = -math.inf, math.inf
+    # Counts of "score >= t" at every distinct choosing score and at +inf, highest t first.
+    fps, tps, thresholds = roc_counts(
+        np.concatenate([choose_in, choose_out]),
+        np.r_[np.ones(choose_in.size, dtype=np.int64), np.zeros(choose_out.size, dtype=np.int64)],
+    )
+    fns, tns = choose_in.size - tps, choose_out.size - fps
+    bounds = epsilon_from_counts(tps, fns, fps, tns, delta, confidence)
+    _, cp_threshold = _lowest_best(bounds, thresholds)
+    mus = _mu(fps, fns, choose_out.size, choose_in.size)
     min_fp = max(1, math.ceil(GDP_MIN_ERROR_RATE * choose_out.size))
     min_fn = max(1, math.ceil(GDP_MIN_ERROR_RATE * choose_in.size))
-    for t in _thresholds(choose_in, choose_out):
-        tp, fn, fp, tn = _counts(choose_in, choose_out, t)
-        bound = epsilon_lower_bound(tp, fn, fp, tn, delta, confidence)
-        if bound > best_cp:
-            best_cp, cp_threshold = bound, float(t)
-        mu = _mu(fp, fn, fp + tn, tp + fn)
-        if fp >= min_fp and fn >= min_fn and mu > best_mu:
-            best_mu, mu_threshold = mu, float(t)
-    if not math.isfinite(best_mu):
-        for t in _thresholds(choose_in, choose_out):
-            tp, fn, fp, tn = _counts(choose_in, choose_out, t)
-            mu = _mu(fp, fn, fp + tn, tp + fn)
-            if mu > best_mu:
-                best_mu, mu_threshold = mu, float(t)
+    eligible = (fps >= min_fp) & (fns >= min_fn)
+    if eligible.any():
+        _, mu_threshold = _lowest_best(np.where(eligible, mus, -np.inf), thresholds)
+    else:
+        _, mu_threshold = _lowest_best(mus, thresholds)
     tp, fn, fp, tn = _counts(test_in, test_out, cp_threshold)
     certified = epsilon_lower_bound(tp, fn, fp, tn, delta, confidence)
     if gdp_threshold is None:
@@ -414,7 +401,7 @@ def held_out_audit(
     else:
         mu_threshold = float(gdp_threshold)
         gtp, gfn, gfp, gtn = _counts(inside, outside, mu_threshold)
-    mu_hat = max(_mu(gfp, gfn, gfp + gtn, gtp + gfn), 0.0)
+    mu_hat = max(float(_mu(gfp, gfn, gfp + gtn, gtp + gfn)), 0.0)
     epsilon_gdp_lb, mu_lb = epsilon_lower_bound_gdp(
         gfp, gfp + gtn, gfn, gtp + gfn, delta, confidence
     )
@@ -443,6 +430,64 @@ def _finite_or_none(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _checked(
+    config: object, name: str, count: object, low: int, confidence: object
+) -> tuple[int, float]:
+    """The audit's count (trials or steps) and confidence, checked before any training; also
+    fails fast on more canaries than there are untouched weights."""
+    if not isinstance(config, DiracAudit):
+        raise ValueError(f"config must be a DiracAudit, got {type(config).__name__}")
+    n = whole(name, count, low)
+    level = confidence_level(confidence)
+    canary_coordinates(config)
+    return n, level
+
+
+def _result(
+    config: DiracAudit,
+    found: dict[str, Any],
+    bound: str,
+    *,
+    method: str,
+    epsilon_theory: float,
+    level: float,
+    trials: int,
+    start: float,
+    counts: dict[str, Any],
+    params: dict[str, Any],
+) -> AuditResult:
+    """The `AuditResult` of a Dirac audit: `bound` (``gdp`` or ``clopper-pearson``) is reported
+    as ``epsilon_lower_bound``; both bounds, the GDP estimate and the configuration's noise are
+    added to `params`, the counts of `found` to `counts`."""
+    sigma = config.reported_noise_multiplier()
+    return AuditResult(
+        method=method,
+        epsilon_theory=epsilon_theory,
+        delta=config.delta,
+        accountant=config.accountant,
+        epsilon_lower_bound=found["epsilon_gdp_lb"] if bound == "gdp" else found["epsilon_cp"],
+        confidence=level,
+        trials=trials,
+        counts={**found["counts"], "gdp": found["gdp_counts"], **counts},
+        seconds=time.perf_counter() - start,
+        params={
+            "noise_multiplier": sigma,
+            "noise_multiplier_trained": sigma * config.noise_scale_bug,
+            "sample_rate": config.sample_rate,
+            "max_grad_norm": config.max_grad_norm,
+            "bound": bound,
+            "epsilon_lower_bound_cp": found["epsilon_cp"],
+            "epsilon_lower_bound_gdp": found["epsilon_gdp_lb"],
+            "mu_lower_bound_gdp": found["mu_gdp_lb"],
+            "epsilon_gdp_estimate": found["epsilon_gdp"],
+            "mu_gdp_estimate": found["mu_gdp"],
+            "noise_scale_bug": config.noise_scale_bug,
+            "rate_bug": config.rate_bug,
+            **params,
+        },
+    )
+
+
 def run_whitebox_audit(
     config: DiracAudit,
     trials: int,
@@ -462,13 +507,7 @@ def run_whitebox_audit(
     (so ``violated`` flags ``noise_scale_bug``/``rate_bug``); ``params["epsilon_actual"]`` is the
     ε of the mechanism actually run.
     """
-    if not isinstance(config, DiracAudit):
-        raise ValueError(f"config must be a DiracAudit, got {type(config).__name__}")
-    n = whole("trials", trials, 2)
-    level = _real("confidence", confidence)
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    canary_coordinates(config)  # fails fast on too many canaries
+    n, level = _checked(config, "trials", trials, 2, confidence)
     start = time.perf_counter()
     sigma = config.reported_noise_multiplier()
     rows = run_trials(whitebox_trial, asdict(config), n, store=store, executor=executor)
@@ -486,43 +525,24 @@ def run_whitebox_audit(
         ),
         gdp_threshold=_midpoint(config, sigma),
     )
-    bound = config.certified_by
-    certified = found["epsilon_gdp_lb"] if bound == "gdp" else found["epsilon_cp"]
-    return AuditResult(
+    return _result(
+        config,
+        found,
+        config.certified_by,
         method=METHOD,
         epsilon_theory=config.reported_epsilon(),
-        delta=config.delta,
-        accountant=config.accountant,
-        epsilon_lower_bound=certified,
-        confidence=level,
+        level=level,
         trials=n,
-        counts={
-            **found["counts"],
-            "gdp": found["gdp_counts"],
-            "runs": 2 * n,
-            "canaries": int(inside.shape[1]),
-        },
-        seconds=time.perf_counter() - start,
+        start=start,
+        counts={"runs": 2 * n, "canaries": int(inside.shape[1])},
         params={
-            "noise_multiplier": sigma,
-            "noise_multiplier_trained": sigma * config.noise_scale_bug,
-            "sample_rate": config.sample_rate,
             "sample_rate_reported": config.reported_sample_rate,
             "steps": config.steps,
-            "max_grad_norm": config.max_grad_norm,
             "score": config.score,
-            "bound": bound,
-            "epsilon_lower_bound_cp": found["epsilon_cp"],
-            "epsilon_lower_bound_gdp": found["epsilon_gdp_lb"],
-            "mu_lower_bound_gdp": found["mu_gdp_lb"],
             "epsilon_target": config.epsilon,
             "epsilon_actual": config.actual_epsilon(),
-            "epsilon_gdp_estimate": found["epsilon_gdp"],
-            "mu_gdp_estimate": found["mu_gdp"],
             "cp_threshold": _finite_or_none(found["cp_threshold"]),
             "gdp_threshold": _finite_or_none(found["gdp_threshold"]),
-            "noise_scale_bug": config.noise_scale_bug,
-            "rate_bug": config.rate_bug,
         },
     )
 
@@ -563,13 +583,7 @@ def run_per_step_audit(
     ``epsilon_theory`` is ε(σ_reported, q = 1, 1 step) by the configured accountant — the
     guarantee the per-step trials can test.  The run is one durable trial in `store`.
     """
-    if not isinstance(config, DiracAudit):
-        raise ValueError(f"config must be a DiracAudit, got {type(config).__name__}")
-    n = whole("steps", steps, 4)
-    level = _real("confidence", confidence)
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
-    canary_coordinates(config)  # fails fast on too many canaries
+    n, level = _checked(config, "steps", steps, 4, confidence)
     start = time.perf_counter()
     sigma = config.reported_noise_multiplier()
     payload = {**asdict(config), "per_step_steps": n}
@@ -589,39 +603,20 @@ def run_per_step_audit(
         splits=(parts, nulls),
         gdp_threshold=0.5 / sigma,
     )
-    bound = "gdp" if config.bound == "auto" else config.bound
-    return AuditResult(
+    return _result(
+        config,
+        found,
+        "gdp" if config.bound == "auto" else config.bound,
         method="dirac-per-step",
         epsilon_theory=dp_sgd_epsilon(sigma, 1.0, 1, config.delta, config.accountant),
-        delta=config.delta,
-        accountant=config.accountant,
-        epsilon_lower_bound=found["epsilon_gdp_lb"] if bound == "gdp" else found["epsilon_cp"],
-        confidence=level,
+        level=level,
         trials=int(labels.size),
-        counts={
-            **found["counts"],
-            "gdp": found["gdp_counts"],
-            "runs": 1,
-            "steps": n,
-            "canaries": int(labels.shape[0]),
-        },
-        seconds=time.perf_counter() - start,
+        start=start,
+        counts={"runs": 1, "steps": n, "canaries": int(labels.shape[0])},
         params={
-            "noise_multiplier": sigma,
-            "noise_multiplier_trained": sigma * config.noise_scale_bug,
-            "sample_rate": config.sample_rate,
             "steps": n,
-            "max_grad_norm": config.max_grad_norm,
-            "bound": bound,
-            "epsilon_lower_bound_cp": found["epsilon_cp"],
-            "epsilon_lower_bound_gdp": found["epsilon_gdp_lb"],
-            "mu_lower_bound_gdp": found["mu_gdp_lb"],
             "epsilon_run_reported": dp_sgd_epsilon(
                 sigma, config.reported_sample_rate, n, config.delta, config.accountant
             ),
-            "epsilon_gdp_estimate": found["epsilon_gdp"],
-            "mu_gdp_estimate": found["mu_gdp"],
-            "noise_scale_bug": config.noise_scale_bug,
-            "rate_bug": config.rate_bug,
         },
     )

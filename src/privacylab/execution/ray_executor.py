@@ -1,4 +1,4 @@
-"""Run tasks as Ray remote tasks: on a local Ray instance, or on a cluster by its address.
+"""Run tasks on Ray actors: on a local Ray instance, or on a cluster by its address.
 
 Ray is an optional dependency (``pip install privacylab[distributed]``) and is imported only when a
 :class:`RayExecutor` is built, never when :mod:`privacylab.execution` is imported.
@@ -34,9 +34,9 @@ def _import_ray() -> Any:
 class _Worker:
     """A Ray actor that runs tasks one after another in one process (the counterpart of a
     LocalExecutor pool worker). A call on an actor goes straight to its process, without the
-    per-task scheduling round trip of a Ray task (measured: ~1 ms against ~35 ms per call for a
-    0.1 s trial on two cores), and whatever a task caches in its process (datasets, set-ups) is
-    kept for the next."""
+    per-task scheduling round trip of a Ray task (10–20% more 0.1 s audit trials per minute with
+    one worker on two cores, `benchmarks/audit_throughput.py`), and whatever a task caches in its
+    process (datasets, set-ups) is kept for the next."""
 
     def __init__(self, threads: int) -> None:
         _init_worker(threads)

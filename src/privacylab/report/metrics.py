@@ -43,7 +43,7 @@ def _check_scores(scores: Any, membership: Any) -> tuple[np.ndarray, np.ndarray]
     return s, m
 
 
-def _roc_counts(
+def roc_counts(
     scores: np.ndarray, membership: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """False and true positive counts at every distinct threshold, highest threshold first."""
@@ -69,7 +69,7 @@ def roc_curve(scores: Any, membership: Any) -> tuple[np.ndarray, np.ndarray, np.
     `sklearn.metrics.roc_curve(..., drop_intermediate=False)`. Infinite scores are allowed.
     """
     s, m = _check_scores(scores, membership)
-    fps, tps, thresholds = _roc_counts(s, m)
+    fps, tps, thresholds = roc_counts(s, m)
     return fps / fps[-1], tps / tps[-1], thresholds
 
 
@@ -148,7 +148,7 @@ def _check_counts(k: int, n: int) -> None:
         raise ValueError(f"need integer counts with 0 <= k <= n and n > 0, got k={k}, n={n}")
 
 
-def _epsilon_from_counts(
+def epsilon_from_counts(
     tp: np.ndarray,
     fn: np.ndarray,
     fp: np.ndarray,
@@ -156,6 +156,7 @@ def _epsilon_from_counts(
     delta: float,
     confidence: float,
 ) -> np.ndarray:
+    """`epsilon_lower_bound` for arrays of counts (one bound per element), without the checks."""
     per_bound = 1.0 - (1.0 - confidence) / 2.0
     fpr_hi = np.asarray(clopper_pearson_upper(fp, fp + tn, per_bound), dtype=np.float64)
     fnr_hi = np.asarray(clopper_pearson_upper(fn, fn + tp, per_bound), dtype=np.float64)
@@ -188,9 +189,9 @@ def held_out_epsilon(
     held = ~choose
     if len(np.unique(membership[choose])) < 2 or len(np.unique(membership[held])) < 2:
         return 0.0
-    fps, tps, thresholds = _roc_counts(scores[choose], membership[choose])
+    fps, tps, thresholds = roc_counts(scores[choose], membership[choose])
     pos, neg = int(tps[-1]), int(fps[-1])
-    bounds = _epsilon_from_counts(tps, pos - tps, fps, neg - fps, delta, confidence)
+    bounds = epsilon_from_counts(tps, pos - tps, fps, neg - fps, delta, confidence)
     best = int(np.argmax(bounds))
     if bounds[best] <= 0.0:
         return 0.0
@@ -227,7 +228,7 @@ def epsilon_lower_bound(
     if not 0.0 <= delta < 1.0:
         raise ValueError(f"delta must be in [0, 1), got {delta}")
     _check_confidence(confidence)
-    bound = _epsilon_from_counts(
+    bound = epsilon_from_counts(
         np.asarray(tp), np.asarray(fn), np.asarray(fp), np.asarray(tn), delta, confidence
     )
     return float(bound)
@@ -287,7 +288,7 @@ def membership_metrics(
         raise ValueError(f"delta must be in [0, 1), got {delta}")
     _check_confidence(confidence)
     scores, membership = _check_scores(result.scores, result.membership)
-    fps, tps, _ = _roc_counts(scores, membership)
+    fps, tps, _ = roc_counts(scores, membership)
     positives = int(tps[-1])
     negatives = int(fps[-1])
     fpr = fps / negatives
