@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -61,3 +66,51 @@ def test_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) ->
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], lines
+
+
+def test_sigkilled_audit_resumes_with_no_trial_lost_or_counted_twice(tmp_path: Path) -> None:
+    """Kill `privacylab audit` (and its pool workers) with SIGKILL mid-run, run it again: the
+    store holds each trial exactly once and the result equals an uninterrupted audit's."""
+    from privacylab.audit.runner import NAMESPACE
+    from privacylab.execution import ResultStore
+
+    trials = 300
+    args = ["--method", "clipbkd", "--epsilon", "4", "--trials", str(trials), "--workers", "2"]
+    killed = tmp_path / "killed.sqlite"
+    command = [sys.executable, "-m", "privacylab", "audit", *args, "--json"]
+    with ResultStore(killed) as watcher:
+        proc = subprocess.Popen(
+            [*command, "--store", str(killed)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,  # its own process group: killpg takes the workers too
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while watcher.count(NAMESPACE) < 20:
+                assert proc.poll() is None, proc.communicate()[1].decode()
+                assert time.monotonic() < deadline, "the audit never stored 20 trials"
+                time.sleep(0.01)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+        assert proc.returncode == -signal.SIGKILL
+        at_kill = watcher.items(NAMESPACE)
+    assert 20 <= len(at_kill) < trials, "the kill came too late to test resuming"
+
+    resumed = _audit(*args, "--store", str(killed))
+    clean = _audit(*args, "--store", str(tmp_path / "clean.sqlite"))
+    with ResultStore(killed) as store:
+        rows = store.items(NAMESPACE)
+    assert len(rows) == store_count(killed) == trials
+    assert all(rows[key] == value for key, value in at_kill.items())  # kept, not redone
+    for key in ("epsilon_lower_bound", "counts", "trials"):
+        assert resumed[key] == clean[key]
+
+
+def store_count(path: Path) -> int:
+    """Rows in the audit namespace, counted by SQL (a duplicate key would count twice)."""
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        return int(db.execute("SELECT COUNT(*) FROM results").fetchone()[0])
