@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -319,9 +319,11 @@ def run_experiment(
     *,
     cache: str | Path | None = None,
     progress: Progress | None = None,
+    games: Iterable[Game] | None = None,
 ) -> dict[str, Any]:
     """Train, attack and report; writes `out/results.json` and `out/index.html` and returns the
-    payload. Trained models live under `cache` (default `out/cache`) with their store."""
+    payload. Trained models live under `cache` (default `out/cache`) with their store. `games`
+    replaces the targets `config` would train (a user's own model, see `privacylab.byo`)."""
     from privacylab.report.html import write_report
     from privacylab.report.plots import histogram_figure, roc_figure
 
@@ -346,9 +348,11 @@ def run_experiment(
         ],
     }
     images: dict[str, bytes] = {}
-    for game in prepare_games(
-        config, cache if cache is not None else out / "cache", progress=progress
-    ):
+    if games is None:
+        games = prepare_games(
+            config, cache if cache is not None else out / "cache", progress=progress
+        )
+    for game in games:
         name = game.name
 
         def stage(s: str, d: float, t: float, name: str = name) -> None:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+from privacylab.errors import PrivacylabError
 
-class PrivacyParameterError(ValueError):
+
+class PrivacyParameterError(PrivacylabError, ValueError):
     """A privacy parameter is outside its domain; the message is one line for the user."""
 
 

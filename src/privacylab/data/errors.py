@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from privacylab.errors import PrivacylabError
 
-class DataError(ValueError):
+
+class DataError(PrivacylabError, ValueError):
     """A dataset cannot be loaded, split or modified as asked; the message is one line."""

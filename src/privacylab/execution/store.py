@@ -32,6 +32,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from privacylab.errors import PrivacylabError
+
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 60_000
 
@@ -46,7 +48,7 @@ CREATE TABLE IF NOT EXISTS results (
 """
 
 
-class StoreError(ValueError):
+class StoreError(PrivacylabError, ValueError):
     """The result store file cannot be used; the message is one line naming the file."""
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from privacylab.errors import PrivacylabError
 
-class ModelError(ValueError):
+
+class ModelError(PrivacylabError, ValueError):
     """A model cannot be built, saved or loaded as asked; the message is one line."""

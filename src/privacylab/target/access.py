@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+from privacylab.errors import PrivacylabError
+
 
 class Access(str, Enum):
     """What a query returns, from least to most: the predicted label; the probability vector
@@ -33,9 +35,9 @@ class Access(str, Enum):
             raise AccessError(f"unknown access level {value!r}; choose one of {choices}") from None
 
 
-class AccessError(PermissionError):
+class AccessError(PrivacylabError, PermissionError):
     """An attack asked for more than its declared access, or for an unknown level."""
 
 
-class QueryBudgetError(RuntimeError):
+class QueryBudgetError(PrivacylabError, RuntimeError):
     """The attacker asked more queries than the target's budget allows."""

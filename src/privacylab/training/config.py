@@ -6,13 +6,15 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from privacylab.errors import PrivacylabError
+
 OPTIMIZERS = ("sgd", "momentum", "adam")
 SCHEDULES = ("constant", "cosine", "step")
 SAMPLINGS = ("poisson", "shuffle")
 CLIPPINGS = ("ghost", "per_sample", "auto")
 
 
-class TrainingError(ValueError):
+class TrainingError(PrivacylabError, ValueError):
     """A training option is invalid; the message is one line for the user."""
 
 

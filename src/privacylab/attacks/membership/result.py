@@ -7,8 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from privacylab.errors import PrivacylabError
 
-class AttackError(ValueError):
+
+class AttackError(PrivacylabError, ValueError):
     """An attack was misconfigured or given bad input; the message is one line for the user."""
 
 

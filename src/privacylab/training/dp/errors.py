@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+from privacylab.errors import PrivacylabError
 
-class DPSGDError(ValueError):
+
+class DPSGDError(PrivacylabError, ValueError):
     """A DP-SGD setting or model is unusable; the message says which and why."""
 
 

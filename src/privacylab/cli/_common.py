@@ -1,0 +1,260 @@
+"""What every `privacylab` command shares: the app, one-line errors, JSON output, options."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from typer.core import TyperGroup
+
+from privacylab import __version__
+from privacylab.accounting import (
+    PrivacyParameterError,
+    steps_from_epochs,
+)
+from privacylab.accounting import _validate as check
+from privacylab.errors import PrivacylabError
+
+try:  # typer >= 0.20 ships its own copy of click
+    from typer._click import exceptions as _click_errors
+except ImportError:  # pragma: no cover - older typer on top of click
+    from click import exceptions as _click_errors  # type: ignore[no-redef]
+
+ACCOUNTANTS = ("rdp", "rdp-classic", "pld", "gdp")
+"""Accountants the `account` commands accept."""
+
+DEFAULT_ACCOUNTANT = "pld"
+
+BAD_INPUT = 2
+
+
+class _OneLineErrors(TyperGroup):
+    """Top-level group that reports usage errors as one `error: ...` line on stderr (exit 2)
+    instead of click's multi-line usage block."""
+
+    def main(
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        windows_expand_args: bool = True,
+        **extra: Any,
+    ) -> Any:
+        try:
+            rv = super().main(
+                args=args,
+                prog_name=prog_name,
+                complete_var=complete_var,
+                standalone_mode=False,
+                windows_expand_args=windows_expand_args,
+                **extra,
+            )
+        except _click_errors.ClickException as e:
+            if not standalone_mode:
+                raise
+            if type(e).__name__ == "NoArgsIsHelpError":
+                e.show()
+                sys.exit(e.exit_code)
+            _fail(e.format_message(), e.exit_code)
+        except typer.Abort:
+            if not standalone_mode:
+                raise
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        if standalone_mode:
+            sys.exit(rv if isinstance(rv, int) else 0)
+        return rv
+
+
+app = typer.Typer(
+    name="privacylab",
+    cls=_OneLineErrors,
+    help="Train, attack, audit, defend and report on the privacy of ML models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+account_app = typer.Typer(
+    help="Privacy accounting for DP-SGD: ε for a run, the noise for a target ε, the step budget.",
+    no_args_is_help=True,
+)
+app.add_typer(account_app, name="account")
+
+
+def _fail(message: str, code: int = BAD_INPUT) -> NoReturn:
+    """Print one `error: ...` line on stderr and exit with `code`."""
+    line = " ".join(str(message).split())
+    typer.echo(f"error: {line}", err=True)
+    sys.exit(code)
+
+
+def _guarded(fn: Callable[[], None]) -> None:
+    """Run a command body, turning bad input (any PrivacylabError, ValueError, unwritable
+    files) into one stderr line and exit code 2; a failed worker task exits 1."""
+    try:
+        fn()
+    except PrivacylabError as e:
+        _fail(str(e))
+    except (ValueError, OverflowError) as e:
+        _fail(str(e))
+    except RuntimeError as e:
+        if type(e).__name__ != "TaskError":
+            raise
+        _fail(str(e), 1)
+    except OSError as e:
+        _fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
+
+
+def _stderr() -> Console:
+    return Console(stderr=True)
+
+
+def _emit_json(payload: dict[str, Any]) -> None:
+    """Print one JSON object on stdout; non-finite floats become null (JSON has no inf)."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        return value
+
+    typer.echo(json.dumps(clean(payload), allow_nan=False))
+
+
+def _accountant_name(name: str, allowed: Sequence[str] = ACCOUNTANTS) -> str:
+    if name not in allowed:
+        raise PrivacyParameterError(
+            f"unknown accountant {name!r}; choose one of {', '.join(allowed)}"
+        )
+    return name
+
+
+def _resolve_steps(steps: int | None, epochs: float | None, sample_rate: float) -> int:
+    """Steps from exactly one of `--steps` / `--epochs` (steps = ⌈epochs / q⌉)."""
+    if (steps is None) == (epochs is None):
+        raise PrivacyParameterError("give exactly one of --steps or --epochs")
+    if steps is not None:
+        return check.count(steps, "steps")
+    return steps_from_epochs(check.positive("epochs", epochs), sample_rate)
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.{digits}g}" if math.isfinite(x) else str(x)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"privacylab {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version_callback, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """Train, attack, audit, defend and report on the privacy of ML models."""
+
+
+NoiseOpt = Annotated[
+    float, typer.Option("--noise-multiplier", help="σ: noise std / clipping norm (> 0).")
+]
+SampleRateOpt = Annotated[
+    float, typer.Option("--sample-rate", help="q: Poisson sampling rate per step, in (0, 1].")
+]
+DeltaOpt = Annotated[float, typer.Option("--delta", help="δ, in (0, 1).")]
+StepsOpt = Annotated[
+    int | None, typer.Option("--steps", help="Number of steps T (or give --epochs).")
+]
+EpochsOpt = Annotated[
+    float | None, typer.Option("--epochs", help="Epochs E; steps = ⌈E / q⌉ (or give --steps).")
+]
+AccountantOpt = Annotated[
+    str,
+    typer.Option(
+        "--accountant",
+        help="rdp (tight Balle et al. 2020 conversion), rdp-classic "
+        "(ε = RDP + log(1/δ)/(α−1)), pld (default: tightest certified upper bound) "
+        "or gdp (CLT approximation, may under-state ε).",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object on stdout.")]
+
+
+def _widths(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(w) for w in text.split(",") if w.strip())
+    except ValueError:
+        raise ValueError(f"--widths must be comma-separated whole numbers, got {text!r}") from None
+
+
+TERMINAL_HIDDEN = ("access", "balanced_accuracy", "seconds")
+"""Summary columns left to the HTML report when printing to a terminal."""
+
+
+class _Stages:
+    """A rich progress bar per stage of a long job, on stderr (hidden when not a terminal)."""
+
+    def __init__(self, console: Console) -> None:
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed:.0f}/{task.total:.0f}"),
+            TimeElapsedColumn(),
+            console=console,
+            transient=False,
+            disable=not console.is_terminal,
+        )
+        self.tasks: dict[str, Any] = {}
+
+    def __call__(self, stage: str, done: float, total: float) -> None:
+        key = stage.split(": attack ")[0] if ": attack " in stage else stage
+        if key not in self.tasks:
+            self.tasks[key] = self.bar.add_task(key, total=max(total, 1))
+        self.bar.update(self.tasks[key], completed=done, description=stage)
+
+    def __enter__(self) -> _Stages:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.__exit__(None, None, None)
+
+
+def _print_summary(payload: dict[str, Any]) -> None:
+    from privacylab.report.html import SUMMARY_COLUMNS, summary_table_rows
+
+    shown = [(k, h) for k, h in SUMMARY_COLUMNS if k not in TERMINAL_HIDDEN]
+    table = Table(title=payload.get("title"))
+    for _, header in shown:
+        table.add_column(header, overflow="fold")
+    for row in summary_table_rows(payload):
+        style = "red" if row.get("violation") else None
+        table.add_row(*[str(row.get(key, "")) for key, _ in shown], style=style)
+    Console(width=max(Console().width, 120)).print(table)
+
+
+def _floats(text: str, name: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated numbers, got {text!r}") from None

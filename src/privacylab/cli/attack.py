@@ -1,0 +1,103 @@
+"""`privacylab attack`: attacks on a saved model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from privacylab.cli._common import (
+    JsonOpt,
+    _emit_json,
+    _guarded,
+    _print_summary,
+    _Stages,
+    _stderr,
+    app,
+)
+
+attack_app = typer.Typer(help="Attacks on a saved model.", no_args_is_help=True)
+app.add_typer(attack_app, name="attack")
+
+
+@attack_app.command("membership")
+def attack_membership_command(
+    target: Annotated[
+        Path, typer.Option("--target", help="A model folder written by `privacylab train`.")
+    ],
+    attack: Annotated[
+        str, typer.Option("--attack", help="Attack name(s), comma-separated, e.g. lira,rmia.")
+    ] = "lira",
+    references: Annotated[int, typer.Option("--references", help="Reference models.")] = 16,
+    workers: Annotated[int, typer.Option("--workers", help="Training processes.")] = 2,
+    cache: Annotated[
+        Path | None, typer.Option("--cache", help="Reference models (default TARGET/attack-cache).")
+    ] = None,
+    subsample: Annotated[
+        int, typer.Option("--subsample", help="Examples a side for boundary attacks.")
+    ] = 200,
+    root: Annotated[Path | None, typer.Option("--root", help="Folder of on-disk datasets.")] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Membership inference against a saved model: its training rows are the members, half of
+    its test rows the non-members; references are trained with its own recipe."""
+
+    def run() -> None:
+        from privacylab.experiment import attack_target, resolve_attacks, saved_target_game
+        from privacylab.report import membership_metrics
+
+        names = resolve_attacks([a for a in attack.split(",") if a.strip()])
+        with _Stages(_stderr()) as stages:
+            game = saved_target_game(
+                target,
+                references=references,
+                cache=cache if cache is not None else target / "attack-cache",
+                workers=workers,
+                root=str(root) if root is not None else None,
+                progress=stages,
+            )
+            results = attack_target(
+                game.target,
+                game.task,
+                game.membership,
+                names,
+                subsample=subsample,
+                seed=0,
+                progress=stages,
+            )
+        delta = (game.recipe.train.get("privacy") or {}).get("delta", 1e-5)
+        payload = {
+            "target": str(target),
+            "epsilon": game.record.get("epsilon"),
+            "delta": delta,
+            "train_accuracy": game.record["train_accuracy"],
+            "test_accuracy": game.test_accuracy,
+            "references": references,
+            "attacks": [membership_metrics(r, delta=delta).to_dict() for r in results],
+        }
+        if json_output:
+            _emit_json(payload)
+            return
+        _print_summary(
+            {
+                "title": f"membership inference on {target}",
+                "targets": [
+                    {
+                        "name": game.name,
+                        **{
+                            k: payload[k]
+                            for k in (
+                                "epsilon",
+                                "delta",
+                                "train_accuracy",
+                                "test_accuracy",
+                                "attacks",
+                            )
+                        },
+                    }
+                ],
+            }
+        )
+
+    _guarded(run)
