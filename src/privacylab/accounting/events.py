@@ -8,14 +8,30 @@ the event). Events are immutable, hashable and validated on construction.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from privacylab.accounting import _validate as check
+
+MAX_EVENT_DEPTH = 32
+"""Deepest nesting `event_from_dict` accepts (DP-SGD needs 3: SelfComposed(PoissonSampled(...)))."""
+
+MAX_EVENT_NODES = 100_000
+"""Most events one serialised event may hold, so that a small file cannot ask for a huge tree."""
 
 
 class Event:
     """Base class of privacy events."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form ``{"type": ..., <parameters>}``; `event_from_dict` is its inverse."""
+        return event_to_dict(self)
+
+    @staticmethod
+    def from_dict(data: object) -> Event:
+        """The event serialised by `to_dict`; see `event_from_dict`."""
+        return event_from_dict(data)
 
 
 @dataclass(frozen=True)
@@ -159,3 +175,200 @@ def flatten(event: Event, times: int = 1) -> list[tuple[Event, int]]:
 
     walk(event, times)
     return list(merged.items())
+
+
+_TYPE_NAMES: dict[type[Event], str] = {
+    Gaussian: "gaussian",
+    Laplace: "laplace",
+    RandomizedResponse: "randomized_response",
+    PoissonSampled: "poisson_sampled",
+    SelfComposed: "self_composed",
+    Composed: "composed",
+}
+_FIELDS: dict[str, tuple[str, ...]] = {
+    "gaussian": ("noise_multiplier",),
+    "laplace": ("scale",),
+    "randomized_response": ("epsilon", "k", "keep_probability"),
+    "poisson_sampled": ("sample_rate", "event"),
+    "self_composed": ("event", "count"),
+    "composed": ("events",),
+}
+
+
+def event_to_dict(event: Event) -> dict[str, Any]:
+    """`event` as JSON-serialisable data: ``{"type": name, <parameters>}``, nested for
+    PoissonSampled, SelfComposed and Composed (dp_accounting's DpEvent tree, as plain JSON)."""
+    name = _TYPE_NAMES.get(type(event))
+    if name is None:
+        raise check.PrivacyParameterError(f"cannot serialise privacy event {event!r}")
+    if isinstance(event, Gaussian):
+        return {"type": name, "noise_multiplier": event.noise_multiplier}
+    if isinstance(event, Laplace):
+        return {"type": name, "scale": event.scale}
+    if isinstance(event, RandomizedResponse):
+        return {
+            "type": name,
+            "epsilon": event.eps,
+            "k": event.k,
+            "keep_probability": event.keep_probability,
+        }
+    if isinstance(event, PoissonSampled):
+        return {"type": name, "sample_rate": event.sample_rate, "event": event_to_dict(event.event)}
+    if isinstance(event, SelfComposed):
+        return {"type": name, "event": event_to_dict(event.event), "count": event.count}
+    assert isinstance(event, Composed)
+    return {"type": name, "events": [event_to_dict(e) for e in event.events]}
+
+
+def _real(where: str, key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise check.PrivacyParameterError(
+            f"{where}: {key} must be a number, got {type(value).__name__}"
+        )
+    return float(value)
+
+
+def _integer(where: str, key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise check.PrivacyParameterError(
+            f"{where}: {key} must be a whole number, got {type(value).__name__}"
+        )
+    return value
+
+
+def event_from_dict(data: object) -> Event:
+    """The event that `event_to_dict` serialised, validated strictly.
+
+    Every node must be an object with a known ``"type"`` and exactly that type's keys; numbers
+    must be JSON numbers (not strings or booleans) inside the event's domain; nesting is limited
+    to `MAX_EVENT_DEPTH` and the tree to `MAX_EVENT_NODES` events. Anything else raises
+    PrivacyParameterError with one line naming where the problem is.
+    """
+    nodes = [0]
+
+    def build(node: object, where: str, depth: int) -> Event:
+        if depth > MAX_EVENT_DEPTH:
+            raise check.PrivacyParameterError(
+                f"{where}: privacy event nested deeper than {MAX_EVENT_DEPTH}"
+            )
+        nodes[0] += 1
+        if nodes[0] > MAX_EVENT_NODES:
+            raise check.PrivacyParameterError(
+                f"privacy event has more than {MAX_EVENT_NODES} parts"
+            )
+        if not isinstance(node, Mapping):
+            raise check.PrivacyParameterError(
+                f"{where}: a privacy event must be an object, got {type(node).__name__}"
+            )
+        name = node.get("type")
+        if not isinstance(name, str) or name not in _FIELDS:
+            raise check.PrivacyParameterError(
+                f"{where}: unknown privacy event type {name!r}; "
+                f"expected one of {', '.join(_FIELDS)}"
+            )
+        expected = {"type", *_FIELDS[name]}
+        if set(node) != expected:
+            extra, missing = sorted(set(node) - expected), sorted(expected - set(node))
+            raise check.PrivacyParameterError(
+                f"{where}: {name} event "
+                + (f"has unknown keys {extra}" if extra else f"lacks keys {missing}")
+            )
+        at = f"{where} ({name})"
+        if name == "gaussian":
+            return Gaussian(_real(at, "noise_multiplier", node["noise_multiplier"]))
+        if name == "laplace":
+            return Laplace(_real(at, "scale", node["scale"]))
+        if name == "randomized_response":
+            event = RandomizedResponse(
+                epsilon=_real(at, "epsilon", node["epsilon"]), k=_integer(at, "k", node["k"])
+            )
+            keep = _real(at, "keep_probability", node["keep_probability"])
+            if not math.isclose(keep, event.keep_probability or 0.0, rel_tol=1e-9):
+                raise check.PrivacyParameterError(
+                    f"{at}: keep_probability {keep!r} does not match epsilon and k"
+                )
+            object.__setattr__(event, "keep_probability", keep)
+            return event
+        if name == "poisson_sampled":
+            rate = _real(at, "sample_rate", node["sample_rate"])
+            return PoissonSampled(rate, build(node["event"], f"{where}.event", depth + 1))
+        if name == "self_composed":
+            count = _integer(at, "count", node["count"])
+            return SelfComposed(build(node["event"], f"{where}.event", depth + 1), count)
+        items = node["events"]
+        if not isinstance(items, list):
+            raise check.PrivacyParameterError(
+                f"{at}: events must be a list, got {type(items).__name__}"
+            )
+        return Composed(
+            build(item, f"{where}.events[{i}]", depth + 1) for i, item in enumerate(items)
+        )
+
+    return build(data, "privacy event", 0)
+
+
+class EventLedger:
+    """The privacy events a run actually executed, in order, as runs of equal events.
+
+    Mechanisms hand their event to `record` each time they release something; `event` is the
+    adaptive composition of everything recorded (dp_accounting's SelfComposed/Composed), so an
+    accountant bounds what happened rather than what was planned. Runs of one event compose to
+    ``SelfComposed(e, n)``; several runs to ``Composed([SelfComposed(e1, n1), ...])``.
+    """
+
+    def __init__(self, runs: Iterable[tuple[Event, int]] = ()) -> None:
+        self._runs: list[tuple[Event, int]] = []
+        for event, count in runs:
+            self.record(event, count)
+
+    def record(self, event: Event, count: int = 1) -> None:
+        """Append `count` releases of `event`."""
+        if not isinstance(event, Event):
+            raise check.PrivacyParameterError(
+                f"the ledger records Events, got {type(event).__name__}"
+            )
+        count = check.count(count, "count")
+        if self._runs and self._runs[-1][0] == event:
+            self._runs[-1] = (event, self._runs[-1][1] + count)
+        else:
+            self._runs.append((event, count))
+
+    @property
+    def runs(self) -> list[tuple[Event, int]]:
+        """(event, consecutive count) pairs in the order they happened."""
+        return list(self._runs)
+
+    @property
+    def releases(self) -> int:
+        """How many events were recorded."""
+        return sum(count for _, count in self._runs)
+
+    @property
+    def event(self) -> Event | None:
+        """The composition of everything recorded, or None when nothing was."""
+        parts: list[Event] = [SelfComposed(e, n) for e, n in self._runs]
+        if not parts:
+            return None
+        return parts[0] if len(parts) == 1 else Composed(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form: ``{"runs": [{"event": ..., "count": n}, ...]}``."""
+        return {"runs": [{"event": e.to_dict(), "count": n} for e, n in self._runs]}
+
+    @classmethod
+    def from_dict(cls, data: object) -> EventLedger:
+        """Inverse of `to_dict`, validated strictly."""
+        if not isinstance(data, Mapping) or set(data) != {"runs"}:
+            raise check.PrivacyParameterError("an event ledger must be an object {'runs': [...]}")
+        runs = data["runs"]
+        if not isinstance(runs, list) or len(runs) > MAX_EVENT_NODES:
+            raise check.PrivacyParameterError("an event ledger's runs must be a list")
+        ledger = cls()
+        for i, run in enumerate(runs):
+            if not isinstance(run, Mapping) or set(run) != {"event", "count"}:
+                raise check.PrivacyParameterError(
+                    f"ledger run {i} must be an object with keys event and count"
+                )
+            count = _integer(f"ledger run {i}", "count", run["count"])
+            ledger.record(event_from_dict(run["event"]), count)
+        return ledger

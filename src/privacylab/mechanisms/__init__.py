@@ -1,4 +1,5 @@
-"""Noise mechanisms: Gaussian (classical and analytic), Laplace, randomized response, groups."""
+"""Noise mechanisms: Gaussian (classical and analytic; on tensors with its accounting event),
+Laplace, randomized response, groups; secure sampling."""
 
 from privacylab.mechanisms.gaussian import (
     add_gaussian_noise,
@@ -6,6 +7,7 @@ from privacylab.mechanisms.gaussian import (
     classic_gaussian_sigma,
     gaussian_epsilon_for,
 )
+from privacylab.mechanisms.gaussian_tensor import GaussianMechanism
 from privacylab.mechanisms.group import group_privacy_dp, group_privacy_rdp
 from privacylab.mechanisms.laplace import add_laplace_noise, laplace_scale
 from privacylab.mechanisms.randomized_response import (
@@ -13,8 +15,10 @@ from privacylab.mechanisms.randomized_response import (
     rr_estimate_frequencies,
     rr_keep_probability,
 )
+from privacylab.mechanisms.secure import secure_standard_normal
 
 __all__ = [
+    "GaussianMechanism",
     "add_gaussian_noise",
     "add_laplace_noise",
     "analytic_gaussian_sigma",
@@ -26,4 +30,5 @@ __all__ = [
     "randomized_response",
     "rr_estimate_frequencies",
     "rr_keep_probability",
+    "secure_standard_normal",
 ]

@@ -6,9 +6,10 @@ Abadi et al. 2016 ("Deep learning with differential privacy", CCS), Algorithm 1:
 
 with L the *expected* batch size q·N — a fixed denominator, not the realised (Poisson) batch
 size, so that the released average is the Gaussian mechanism applied to a sum with
-sensitivity C.  An empty batch still adds noise and takes a step.  The engine does not own the
-accounting: after ``steps`` steps with sampling rate q the trainer composes
-``privacylab.accounting.dp_sgd(noise_multiplier, q, steps)`` into an accountant.
+sensitivity C.  An empty batch still adds noise and takes a step.  The noise is drawn by a
+:class:`privacylab.mechanisms.GaussianMechanism`, and every step records the event it executed
+(``PoissonSampled(q, Gaussian(σ))``, or ``Gaussian(σ)`` without a sample rate) in
+``engine.ledger``; ``engine.privacy_event`` is their composition, which an accountant bounds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from privacylab.accounting.events import Event, EventLedger, PoissonSampled
+from privacylab.mechanisms.gaussian_tensor import GaussianMechanism
+
 from privacylab.training.dp.clipping import ClippedBatch, ClipThresholds, GradientBuffers
 from privacylab.training.dp.errors import (
     DPSGDError,
@@ -32,7 +36,6 @@ from privacylab.training.dp.errors import (
     check_number,
 )
 from privacylab.training.dp.ghost.clipper import GhostClipping, describe, ghost_layers
-from privacylab.training.dp.noise import GaussianNoise
 from privacylab.training.dp.per_sample import PerSampleClipping
 
 Clipping = Literal["ghost", "per_sample", "auto"]
@@ -104,7 +107,8 @@ class DPSGD:
         optimizer: any ``torch.optim`` optimizer over the model's trainable parameters; it sees
             the privatised gradient (so momentum/Adam are post-processing).
         loss_fn: ``loss_fn(outputs, targets) -> (B,)`` per-example losses
-            (``reduction='none'``).
+            (``reduction='none'``); a loss_fn with attribute ``takes_inputs = True`` is called as
+            ``loss_fn(outputs, targets, inputs)`` with the same examples' model inputs (a tuple).
         noise_multiplier: σ; the noise added to the clipped sum has std σ·C.
         max_grad_norm: C, the L2 bound on one example's clipped gradient.
         expected_batch_size: the fixed denominator L = q·N of Alg. 1.
@@ -119,9 +123,12 @@ class DPSGD:
         physical_batch_size: split each (logical) batch into micro-batches of at most this size;
             their clipped sums are accumulated and noised once per step — the same mechanism,
             so the same privacy guarantee, with bounded memory.
-        secure_noise: draw the noise from the OS CSPRNG (see :mod:`..noise` for the
-            floating-point caveat of Mironov 2012).  Cannot be combined with ``generator``.
+        secure_noise: draw the noise from the OS CSPRNG (see :mod:`privacylab.mechanisms.secure`
+            for the floating-point caveat of Mironov 2012).  Cannot be combined with ``generator``.
         generator: ``torch.Generator`` (on the parameters' device) for reproducible noise.
+        sample_rate: q of the Poisson sampler that forms the batches; each step is then recorded
+            as ``PoissonSampled(q, Gaussian(σ))``.  ``None`` records ``Gaussian(σ)`` — no
+            amplification by sampling is claimed, which is always a valid bound.
     """
 
     def __init__(
@@ -138,6 +145,7 @@ class DPSGD:
         physical_batch_size: int | None = None,
         secure_noise: bool = False,
         generator: torch.Generator | None = None,
+        sample_rate: float | None = None,
     ) -> None:
         if clipping not in STRATEGIES:
             raise DPSGDError(f"clipping must be one of {', '.join(STRATEGIES)}, got {clipping!r}")
@@ -165,7 +173,17 @@ class DPSGD:
         self.thresholds = ClipThresholds(max_grad_norm, list(self.params), per_layer_thresholds)
         self.max_grad_norm = self.thresholds.max_grad_norm
         self.physical_batch_size = physical_batch_size
-        self.noise = GaussianNoise(generator, secure=secure_noise)
+        if sample_rate is not None:
+            q = check_number("sample_rate", sample_rate, positive=True)
+            if q > 1.0:
+                raise DPSGDError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+            sample_rate = q
+        self.sample_rate = sample_rate
+        self.mechanism = GaussianMechanism(
+            self.noise_multiplier, self.max_grad_norm, generator=generator, secure=secure_noise
+        )
+        self.ledger = EventLedger()
+        self.unbounded_steps = 0
         self._auto = clipping == "auto"
         self.clipping = self._resolve(clipping)
         self._clipper: GhostClipping | PerSampleClipping
@@ -191,7 +209,27 @@ class DPSGD:
     @property
     def noise_std(self) -> float:
         """σ·C: standard deviation of the noise added to each coordinate of the clipped sum."""
-        return self.noise_multiplier * self.max_grad_norm
+        return self.mechanism.std
+
+    @property
+    def step_event(self) -> Event | None:
+        """The privacy event of one step (None when σ = 0: no guarantee)."""
+        event = self.mechanism.event
+        if event is None or self.sample_rate is None or self.sample_rate == 1.0:
+            return event
+        return PoissonSampled(self.sample_rate, event)
+
+    @property
+    def privacy_event(self) -> Event | None:
+        """The composition of the events of every step taken (None before the first step).
+
+        Raises DPSGDError if a step ran without noise: nothing bounds such a run.
+        """
+        if self.unbounded_steps:
+            raise DPSGDError(
+                f"{self.unbounded_steps} steps ran with noise multiplier 0: no privacy guarantee"
+            )
+        return self.ledger.event
 
     def add_step_hook(self, hook: StepHook) -> RemovableHandle:
         """Call ``hook(StepInfo)`` at every step, after ``.grad`` is written and before the update.
@@ -254,12 +292,11 @@ class DPSGD:
         """
         for p in self.params.values():
             self._check_generator(p)
-        std = self.noise_std
         watched = bool(self._step_hooks)
         noise: dict[str, Tensor] = {}
 
         def init(name: str, p: Tensor) -> Tensor:
-            drawn = self.noise.sample(p, std)
+            drawn = self.mechanism.noise(p)
             if not watched:
                 return drawn
             noise[name] = drawn
@@ -275,6 +312,11 @@ class DPSGD:
                 else:
                     p.grad = total.mul_(scale)
             self.steps += 1
+            event = self.step_event
+            if event is None:
+                self.unbounded_steps += 1
+            else:
+                self.ledger.record(event)
             if watched:
                 info = StepInfo(self.steps, batch.grad_sum, noise, batch.batch_size, batch.norms)
                 for hook in list(self._step_hooks.values()):
@@ -285,7 +327,7 @@ class DPSGD:
         return StepResult(loss, batch.batch_size, batch.norms)
 
     def _check_generator(self, p: Tensor) -> None:
-        generator = self.noise.generator
+        generator = self.mechanism.generator
         if generator is not None and generator.device.type != p.device.type:
             raise DPSGDError(
                 f"the noise generator is on {generator.device} but the parameters are on "

@@ -1,50 +1,21 @@
-"""Gaussian noise for DP-SGD: reproducible (torch.Generator) or from the OS CSPRNG.
-
-Floating-point caveat (Mironov 2012, "On significance of the least significant bits for
-differential privacy", CCS): a floating-point "Gaussian" sample is not a Gaussian — its values
-lie on an irregular grid and, after adding it to a floating-point gradient sum, the low-order
-bits of the result can depend on the unperturbed value, which in principle leaks more than the
-idealised real-valued mechanism.  Neither mode below removes this (that needs a discrete or
-snapping mechanism); the (ε, δ) reported for DP-SGD is that of the idealised Gaussian
-mechanism.  ``secure`` mode removes the other practical gap: a seeded pseudo-random generator
-such as torch's Mersenne Twister is predictable to anyone who learns its state, whereas
-``os.urandom`` draws from the kernel CSPRNG.
-"""
+"""DP-SGD noise: kept for compatibility; the noise is owned by
+:class:`privacylab.mechanisms.GaussianMechanism` (see :mod:`privacylab.mechanisms.secure` for
+the floating-point caveat of Mironov 2012)."""
 
 from __future__ import annotations
-
-import math
-import os
 
 import torch
 from torch import Tensor
 
-_TWO_POW_MINUS_53 = 2.0**-53
+from privacylab.mechanisms.gaussian_tensor import GaussianMechanism
+from privacylab.mechanisms.secure import secure_standard_normal
 
-
-def secure_standard_normal(
-    numel: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
-) -> Tensor:
-    """``numel`` standard normal samples by Box–Muller over ``os.urandom`` bytes.
-
-    Each pair of samples uses two 53-bit uniforms u₁ ∈ (0, 1], u₂ ∈ [0, 1) built from 64 random
-    bits each: z₁ = √(−2 ln u₁) cos 2πu₂, z₂ = √(−2 ln u₁) sin 2πu₂ (Box & Muller 1958),
-    computed in float64 and rounded to ``dtype``.  Tails are cut at √(−2 ln 2⁻⁵³) ≈ 8.57.
-    """
-    pairs = (numel + 1) // 2
-    words = torch.frombuffer(bytearray(os.urandom(16 * pairs)), dtype=torch.int64)
-    # The top 53 bits of each word (a logical shift: mask off the sign extension).
-    mantissa = (words >> 11) & ((1 << 53) - 1)
-    u = mantissa.to(torch.float64) * _TWO_POW_MINUS_53
-    u1 = 1.0 - u[:pairs]
-    theta = (2.0 * math.pi) * u[pairs:]
-    radius = torch.sqrt(-2.0 * torch.log(u1))
-    z = torch.cat([radius * torch.cos(theta), radius * torch.sin(theta)])[:numel]
-    return z.to(dtype=dtype, device=device)
+__all__ = ["GaussianNoise", "secure_standard_normal"]
 
 
 class GaussianNoise:
-    """Source of the DP-SGD noise N(0, std²) for each parameter.
+    """N(0, std²) noise for each parameter, drawn by a `GaussianMechanism` (Abadi et al. 2016,
+    Alg. 1).
 
     Args:
         generator: a ``torch.Generator`` for reproducible noise, or ``None`` for torch's default
@@ -58,10 +29,5 @@ class GaussianNoise:
 
     def sample(self, like: Tensor, std: float) -> Tensor:
         """A tensor shaped like ``like`` with i.i.d. N(0, std²) entries."""
-        if std == 0.0:  # no noise: draw nothing (the generator's state is left as it is)
-            return torch.zeros_like(like, memory_format=torch.contiguous_format)
-        if self.secure:
-            z = secure_standard_normal(like.numel(), like.dtype, like.device)
-            return z.view_as(like).mul_(std)
-        out = torch.empty_like(like, memory_format=torch.contiguous_format)
-        return out.normal_(0.0, std, generator=self.generator)
+        mechanism = GaussianMechanism(std, generator=self.generator, secure=self.secure)
+        return mechanism.noise(like)

@@ -63,7 +63,7 @@ class PerSampleClipping:
     ) -> tuple[Tensor, Tensor]:
         args = tuple(t.unsqueeze(0) for t in x)
         outputs = functional_call(self.model, {**params, **rest}, args)
-        loss = per_example_losses(self.loss_fn, outputs, y.unsqueeze(0), 1)
+        loss = per_example_losses(self.loss_fn, outputs, y.unsqueeze(0), 1, args)
         return loss.sum(), loss.detach().squeeze(0)
 
     def clip(

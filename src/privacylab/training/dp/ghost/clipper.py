@@ -316,7 +316,7 @@ class GhostClipping:
         tape = ForwardTape(self.layers, batch)
         with torch.enable_grad(), tape.recording():
             outputs = self.model(*inputs)
-            losses = per_example_losses(self.loss_fn, outputs, targets, batch)
+            losses = per_example_losses(self.loss_fn, outputs, targets, batch, inputs)
         del outputs
         states: list[tuple[GhostLayer, LayerGradients]] = []
         sq_norms: dict[str, Tensor] = {}
