@@ -29,7 +29,12 @@ from privacylab.attacks.membership import (
     make_attack,
     run_attack,
 )
-from privacylab.attacks.membership.references import Recipe, train_one, train_references
+from privacylab.attacks.membership.references import (
+    Recipe,
+    TrainFn,
+    train_one,
+    train_references,
+)
 from privacylab.attacks.membership.result import AttackError
 from privacylab.data import Dataset, load_dataset, membership_split, train_test_indices
 from privacylab.execution import ResultStore, config_key, durable_map, make_executor
@@ -484,15 +489,55 @@ def saved_target_game(
         raise AttackError(
             f"{path} has no training recipe in its sidecar; train it with `privacylab train`"
         ) from None
-    if isinstance(references, bool) or references < 1:
-        raise AttackError(f"references must be a whole number >= 1, got {references!r}")
     data = load_dataset(dataset, root)
-    members, test_rows = train_test_indices(data, seed=training.get("seed", 0))
-    order = np.random.default_rng(training.get("seed", 0) + 7).permutation(test_rows)
+    recipe = Recipe(dataset, spec.name, training, dict(spec.options), root)
+    game = model_game(
+        model,
+        data,
+        recipe,
+        references=references,
+        cache=cache,
+        workers=workers,
+        seed=training.get("seed", 0),
+        name=Path(path).name,
+        epsilon=(meta.get("summary") or {}).get("epsilon"),
+        progress=progress,
+    )
+    game.record["folder"] = str(path)
+    return game
+
+
+def model_game(
+    model: torch.nn.Module,
+    data: Dataset,
+    recipe: Recipe,
+    *,
+    references: int,
+    cache: str | Path,
+    workers: int = 2,
+    seed: int = 0,
+    name: str = "your-model",
+    epsilon: float | None = None,
+    outputs: str = "logits",
+    train_fn: TrainFn | None = None,
+    device: str = "cpu",
+    progress: Progress | None = None,
+) -> Game:
+    """The membership game for a trained `model` whose training rows are the canonical train
+    part of `data` (`train_test_indices`): those are the members; half of the test rows are the
+    non-member candidates and the other half the attacker's population (Carlini et al. 2022,
+    Sec. III). `references` models are trained by `recipe` (the project's trainer) or, with
+    `train_fn(model, x, y)`, by the user's own loop, on random halves of all rows but the
+    target's members' truth is never used; they are stored in `cache` as each finishes."""
+    if isinstance(references, bool) or not isinstance(references, int) or references < 1:
+        raise AttackError(f"references must be a whole number >= 1, got {references!r}")
+    members, test_rows = train_test_indices(data, seed=seed)
+    if len(members) < 1 or len(test_rows) < 2:
+        raise AttackError("need at least one training row and two test rows")
+    order = np.random.default_rng(seed + 7).permutation(test_rows)
     nonmembers, population = np.sort(order[: len(order) // 2]), np.sort(order[len(order) // 2 :])
     candidates = np.concatenate([members, nonmembers])
     membership = np.r_[np.ones(len(members), np.int64), np.zeros(len(nonmembers), np.int64)]
-    recipe = Recipe(dataset, spec.name, training, dict(spec.options), root)
     with ResultStore(Path(cache) / "store.sqlite") as store:
         pool = train_references(
             recipe,
@@ -502,15 +547,23 @@ def saved_target_game(
             Path(cache) / "references",
             store=store,
             executor=make_executor("local", workers),
-            seed=training.get("seed", 0),
+            seed=seed,
             on_done=_counter(progress, "references", references),
+            train_fn=train_fn,
         )
-    target = Target(model, "white-box", data.num_classes)
+    target = Target(model, "white-box", data.num_classes, device=device, **_outputs(outputs))
     task = _task(data, candidates, population, pool.models, pool.keep)
     accuracy = _accuracy(target, data.features[nonmembers], data.labels[nonmembers])
     record = {
-        "folder": str(path),
+        "folder": None,
         "train_accuracy": _accuracy(target, data.features[members], data.labels[members]),
-        "epsilon": (meta.get("summary") or {}).get("epsilon"),
+        "epsilon": epsilon,
     }
-    return Game(Path(path).name, recipe, record, target, task, membership, accuracy)
+    return Game(name, recipe, record, target, task, membership, accuracy)
+
+
+def _outputs(outputs: str) -> dict[str, Any]:
+    """`Target`'s `outputs` keyword when the target accepts it (probabilities vs logits)."""
+    if outputs not in ("logits", "probabilities"):
+        raise AttackError(f"outputs must be logits or probabilities, got {outputs!r}")
+    return {} if outputs == "logits" else {"outputs": outputs}

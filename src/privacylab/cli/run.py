@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -58,12 +59,57 @@ def run_command(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     root: Annotated[Path | None, typer.Option("--root", help="Folder of on-disk datasets.")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    model_factory: Annotated[
+        str | None,
+        typer.Option(
+            "--model-factory",
+            help="Your model: pkg.module:make_net or file.py:make_net, returning a fresh "
+            "nn.Module (needs --weights and --data).",
+        ),
+    ] = None,
+    weights: Annotated[
+        Path | None, typer.Option("--weights", help="Your trained weights (.safetensors).")
+    ] = None,
+    data: Annotated[
+        Path | None,
+        typer.Option(
+            "--data",
+            help="Your data: .npz (or folder of .npy) with x_train, y_train, x_test, y_test; "
+            "the training rows are the members.",
+        ),
+    ] = None,
+    outputs: Annotated[
+        str, typer.Option("--outputs", help="What your model returns: logits or probabilities.")
+    ] = "logits",
+    recipe: Annotated[
+        Path | None,
+        typer.Option(
+            "--recipe",
+            help="How your model was trained, for its references: a JSON TrainConfig (e.g. "
+            "the 'training' entry of a privacylab sidecar); else --epochs/--lr/--batch-size.",
+        ),
+    ] = None,
+    lr: Annotated[float, typer.Option("--lr", help="Your model: references' learning rate.")] = 0.1,
+    batch_size: Annotated[
+        int, typer.Option("--batch-size", help="Your model: references' batch size.")
+    ] = 128,
+    optimizer: Annotated[
+        str, typer.Option("--optimizer", help="Your model: sgd, momentum or adam.")
+    ] = "momentum",
+    epsilon: Annotated[
+        float | None,
+        typer.Option("--epsilon", help="Your model: the ε it was trained at (DP references)."),
+    ] = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Train a non-private and DP-SGD targets, attack each with the membership suite (metric,
-    shadow, LiRA, RMIA, label-only) and write the report to OUT; resumes after a kill."""
+    shadow, LiRA, RMIA, label-only) and write the report to OUT; resumes after a kill. With
+    --model-factory, --weights and --data: the same report for your own trained model."""
 
     def run() -> None:
+        if model_factory is not None or weights is not None or data is not None:
+            _run_own_model()
+            return
         from privacylab.experiment import DEFAULT_ATTACKS, RunConfig, run_experiment
 
         options: dict[str, Any] = {
@@ -86,6 +132,57 @@ def run_command(
         config.validate()
         with _Stages(_stderr()) as stages:
             payload = run_experiment(config, out, cache=cache, progress=stages)
+        if json_output:
+            _emit_json(payload)
+            return
+        _print_summary(payload)
+        _stderr().print(f"wrote {out / 'index.html'} and {out / 'results.json'}")
+
+    def _run_own_model() -> None:
+        from privacylab.byo import own_model_config, recipe_from_options, report_own_model
+        from privacylab.experiment import DEFAULT_ATTACKS
+
+        if model_factory is None or weights is None or data is None:
+            raise ValueError("your own model needs all of --model-factory, --weights and --data")
+        if recipe is not None:
+            try:
+                train = json.loads(Path(recipe).read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise ValueError(f"cannot read recipe {recipe}: {error}") from None
+            if not isinstance(train, dict):
+                raise ValueError(f"recipe {recipe} must hold a JSON object")
+        else:
+            train = recipe_from_options(
+                epochs=epochs if epochs is not None else (15 if quick else 30),
+                batch_size=batch_size,
+                lr=lr,
+                optimizer=optimizer,
+                epsilon=epsilon,
+                seed=seed,
+                device=device,
+            ).to_dict()
+        names = tuple(a for a in (attacks or ",".join(DEFAULT_ATTACKS)).split(",") if a)
+        config = own_model_config(
+            attacks=names,
+            references=references if references is not None else (4 if quick else 8),
+            workers=workers,
+            seed=seed,
+            device=device,
+            quick=quick,
+        )
+        with _Stages(_stderr()) as stages:
+            payload = report_own_model(
+                model_factory,
+                data,
+                out,
+                weights=weights,
+                recipe=train,
+                outputs=outputs,
+                epsilon=epsilon,
+                config=config,
+                cache=cache,
+                progress=stages,
+            )
         if json_output:
             _emit_json(payload)
             return

@@ -31,7 +31,15 @@ def available_datasets() -> list[str]:
 
 
 def load_dataset(name: str, root: str | Path | None = None) -> Dataset:
-    """Load dataset `name`; on-disk datasets are read from `root`, nothing is ever downloaded."""
+    """Load dataset `name`; on-disk datasets are read from `root`, nothing is ever downloaded.
+
+    A path to an .npz file (or a folder of .npy files) with `x_train, y_train, x_test, y_test`
+    loads the user's own arrays (`privacylab.data.arrays.load_arrays`).
+    """
+    from privacylab.data.arrays import is_array_source, load_arrays
+
+    if is_array_source(name):
+        return load_arrays(name)
     key = str(name).strip().lower().replace("-", "_")
     if key not in _LOADERS:
         raise DataError(f"unknown dataset {name!r}; available: {', '.join(available_datasets())}")

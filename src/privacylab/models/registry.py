@@ -75,8 +75,14 @@ def build_model(
 
     With `seed`, parameters are initialised from `torch.manual_seed(seed)` inside
     `torch.random.fork_rng`, so the same seed gives the same weights and the caller's global RNG
-    state is left untouched. Unknown names and options, and bad values, raise ModelError.
+    state is left untouched. Unknown names and options, and bad values, raise ModelError. A name
+    `package.module:function` builds the user's own model (`privacylab.models.factory`); its
+    layers are not restricted here: the DP engine refuses what it cannot clip before training.
     """
+    from privacylab.models.factory import build_from_factory, is_factory
+
+    if is_factory(name):
+        return build_from_factory(name, input_shape, num_classes, seed=seed, **options)
     builder = _builder(name)
     shape = _shape(input_shape)
     num_classes = integer("num_classes", num_classes, 2)

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from privacylab.attacks.membership.result import AttackError
 from privacylab.data import Dataset, load_dataset
@@ -70,11 +71,20 @@ def _dataset(name: str, root: str | None) -> Dataset:
     return load_dataset(name, root)
 
 
+TrainFn = Callable[[nn.Module, Tensor, Tensor], Any]
+"""A user's training loop: `train_fn(model, x, y)` trains `model` in place on (x, y)."""
+
+
 def train_one(job: dict[str, Any]) -> dict[str, Any]:
-    """Train and save one reference model (runs in a worker process); returns its record."""
+    """Train and save one reference model (runs in a worker process); returns its record.
+
+    With `job["train_fn"]` the model is trained by that function (the user's own loop) instead
+    of the project's trainer with the recipe's configuration."""
     recipe = job["recipe"]
     data = _dataset(recipe["dataset"], recipe["root"])
     folder = Path(job["folder"])
+    if job.get("train_fn") is not None:
+        return _train_with(job["train_fn"], recipe, data, folder, job)
     config = TrainConfig.from_dict({**recipe["train"], "seed": job["seed"]})
     model = build_model(
         recipe["model"],
@@ -100,6 +110,40 @@ def train_one(job: dict[str, Any]) -> dict[str, Any]:
     }
     save_model(model, folder, spec, {"reference": record, "training": config.to_dict()})
     shutil.rmtree(folder / "checkpoint", ignore_errors=True)
+    return record
+
+
+def _train_with(
+    train_fn: TrainFn, recipe: dict[str, Any], data: Dataset, folder: Path, job: dict[str, Any]
+) -> dict[str, Any]:
+    model = build_model(
+        recipe["model"],
+        data.input_shape,
+        data.num_classes,
+        seed=job["seed"],
+        **recipe["model_options"],
+    )
+    part = data.subset(np.asarray(job["indices"]))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(job["seed"])
+        model.train()
+        returned = train_fn(model, part.features, part.labels)
+    if isinstance(returned, nn.Module):
+        model = returned
+    model.eval()
+    with torch.no_grad():
+        predicted = torch.cat(
+            [model(part.features[i : i + 2048]).argmax(1) for i in range(0, len(part), 2048)]
+        )
+    record = {
+        "folder": str(folder),
+        "train_size": len(job["indices"]),
+        "train_accuracy": float((predicted == part.labels).float().mean()),
+        "epsilon": None,
+        "seed": job["seed"],
+    }
+    spec = ModelSpec(recipe["model"], data.input_shape, data.num_classes, recipe["model_options"])
+    save_model(model, folder, spec, {"reference": record, "training": recipe["train"]})
     return record
 
 
@@ -129,9 +173,14 @@ def train_references(
     executor: Executor | None = None,
     seed: int = 0,
     on_done: Callable[[str, dict[str, Any], bool], None] | None = None,
+    train_fn: TrainFn | None = None,
 ) -> ReferencePool:
     """Train (or load) `count` references on subsets of the dataset rows `universe`, each of
-    about `train_size` rows, keyed in `store` by the recipe, the universe and the seed."""
+    about `train_size` rows, keyed in `store` by the recipe, the universe and the seed.
+
+    `train_fn(model, x, y)`, when given, trains each reference instead of the project's trainer
+    (a module-level function, so worker processes can import it); the recipe's `train` entry
+    should then name it (e.g. `{"train_fn": "pkg.module:fit"}`), as it keys the store."""
     universe = np.asarray(universe, dtype=np.int64)
     keep = reference_keep(count, len(universe), train_size, seed)
     pool_key = config_key(
@@ -150,6 +199,7 @@ def train_references(
             "indices": universe[keep[j]].tolist(),
             "seed": 1000 + seed * 1000 + j,
             "folder": str(root / f"ref-{j:03d}"),
+            "train_fn": train_fn,
         }
         for j in range(count)
     }
