@@ -1,35 +1,53 @@
-"""The one trainer: ordinary or DP-SGD training, with history, privacy spent and resumable
-checkpoints.
+"""The one trainer: ordinary or DP-SGD training, with history, privacy spent, hooks and
+resumable checkpoints.
 
 Private training is DP-SGD (Abadi et al. 2016, Alg. 1) through `privacylab.training.dp.DPSGD`
 with Poisson sampling, accounted by `privacylab.accounting`. Leading layers without parameters
 (e.g. a ScatterNet front end, Tramèr & Boneh 2021) are applied once to the whole data set when no
 augmentation is asked for: they are data-independent, so this changes nothing but the cost.
+
+The privacy spent is computed from the events the DP-SGD engine actually executed (its
+`EventLedger`), not from the configuration; the composed event is returned (and saved in model
+sidecars) so that any run can be re-accounted (`privacylab.training.reaccount`). A regulariser
+and callbacks (`privacylab.training.hooks`) make training-time defences options, not forks.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
-import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from privacylab.accounting import calibrate_noise_multiplier, max_steps
+from privacylab.accounting import (
+    PrivacyParameterError,
+    calibrate_noise_multiplier,
+    make_accountant,
+    max_steps,
+)
 from privacylab.accounting.calibration import dp_sgd_epsilon
+from privacylab.accounting.events import Event, EventLedger, dp_sgd
 from privacylab.data import Dataset
+from privacylab.training.checkpoint import CHECKPOINT_FORMAT, Checkpoint
 from privacylab.training.config import TrainConfig, TrainingError
 from privacylab.training.dp import DPSGD, PoissonSampler, ShuffleSampler, check_no_batch_norm
 from privacylab.training.dp.clipping import split_threshold
+from privacylab.training.hooks import (
+    Callback,
+    Regularizer,
+    TrainState,
+    check_callbacks,
+    regularization_term,
+)
 
-CHECKPOINT_FORMAT = "privacylab-checkpoint/1"
+__all__ = ["CHECKPOINT_FORMAT", "EpochRecord", "PrivacySpent", "TrainResult", "train"]
 
 
 @dataclass
@@ -46,7 +64,11 @@ class EpochRecord:
 
 @dataclass
 class PrivacySpent:
-    """The (ε, δ) certified for the training run, and how it was obtained."""
+    """The (ε, δ) certified for the training run, and how it was obtained.
+
+    `event` is the JSON form (`Event.to_dict`) of the composition of the privacy events the run
+    executed; `privacylab.training.reaccount` bounds it again with any accountant.
+    """
 
     epsilon: float
     delta: float
@@ -57,6 +79,7 @@ class PrivacySpent:
     max_grad_norm: float
     sampling: str
     note: str | None = None
+    event: dict[str, Any] | None = None
 
 
 @dataclass
@@ -154,81 +177,32 @@ def _evaluate(model: nn.Module, x: Tensor, y: Tensor, chunk: int = 2048) -> tupl
     return loss / len(y), correct / len(y)
 
 
-class _Checkpoint:
-    """Per-epoch training state in `folder` (safetensors + JSON; nothing is unpickled)."""
+@functools.lru_cache(maxsize=256)
+def _event_epsilon(event: Event, delta: float, accountant: str) -> float:
+    return make_accountant(accountant).compose(event).epsilon(delta)
 
-    def __init__(self, folder: str | Path | None, config: TrainConfig) -> None:
-        self.folder = Path(folder) if folder is not None else None
-        self.fingerprint = json.dumps(config.to_dict(), sort_keys=True)
 
-    def save(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        state: dict[str, Any],
-        generators: dict[str, torch.Generator],
-    ) -> None:
-        if self.folder is None:
-            return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tensors = {
-            f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-        }
-        optim = optimizer.state_dict()
-        plain: dict[str, Any] = {"param_groups": optim["param_groups"], "state": {}}
-        for index, slots in optim["state"].items():
-            plain["state"][str(index)] = {}
-            for key, value in slots.items():
-                if isinstance(value, Tensor):
-                    tensors[f"optim.{index}.{key}"] = value.detach().cpu().contiguous()
-                else:
-                    plain["state"][str(index)][key] = value
-        for name, gen in generators.items():
-            tensors[f"rng.{name}"] = gen.get_state()
-        tmp = self.folder / "checkpoint.safetensors.tmp"
-        save_file(tensors, str(tmp))
-        meta = {
-            "format": CHECKPOINT_FORMAT,
-            "config": self.fingerprint,
-            "state": state,
-            "optimizer": plain,
-        }
-        meta_tmp = self.folder / "checkpoint.json.tmp"
-        meta_tmp.write_text(json.dumps(meta))
-        os.replace(tmp, self.folder / "checkpoint.safetensors")
-        os.replace(meta_tmp, self.folder / "checkpoint.json")
-
-    def load(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        generators: dict[str, torch.Generator],
-    ) -> dict[str, Any] | None:
-        if self.folder is None or not (self.folder / "checkpoint.json").exists():
-            return None
-        try:
-            meta = json.loads((self.folder / "checkpoint.json").read_text())
-            tensors = load_file(str(self.folder / "checkpoint.safetensors"))
-        except (OSError, ValueError) as error:
-            raise TrainingError(f"cannot read the checkpoint in {self.folder}: {error}") from None
-        if meta.get("format") != CHECKPOINT_FORMAT or meta.get("config") != self.fingerprint:
-            raise TrainingError(
-                f"the checkpoint in {self.folder} is for a different training configuration; "
-                "use another output folder or delete it"
-            )
-        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
-        plain = meta["optimizer"]
-        state: dict[int, dict[str, Any]] = {}
-        for index, slots in plain["state"].items():
-            state[int(index)] = dict(slots)
-        for key, value in tensors.items():
-            if key.startswith("optim."):
-                _, index, slot = key.split(".", 2)
-                state.setdefault(int(index), {})[slot] = value
-        optimizer.load_state_dict({"state": state, "param_groups": plain["param_groups"]})
-        for name, gen in generators.items():
-            gen.set_state(tensors[f"rng.{name}"])
-        return meta["state"]
+def _checked_state(state: dict[str, Any], ledger_expected: bool) -> dict[str, Any]:
+    """The bookkeeping of a checkpoint, with every field of the right type."""
+    try:
+        steps, epoch = state["steps"], state["epoch"]
+        if not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (steps, epoch)
+        ):
+            raise ValueError("steps and epoch must be whole numbers >= 0")
+        if not isinstance(state["waited"], int) or not isinstance(state["best"], (int, float)):
+            raise ValueError("early-stopping state has the wrong type")
+        if state["stopped"] is not None and not isinstance(state["stopped"], str):
+            raise ValueError("stopped must be text or null")
+        history = [EpochRecord(**r) for r in state["history"]]
+        ledger = None
+        if ledger_expected:
+            ledger = EventLedger.from_dict(state["ledger"])
+            if ledger.releases != steps:
+                raise ValueError(f"its ledger holds {ledger.releases} steps, not {steps}")
+    except (KeyError, TypeError, ValueError, PrivacyParameterError) as error:
+        raise TrainingError(f"damaged checkpoint bookkeeping: {error}") from None
+    return {**state, "history": history, "ledger": ledger}
 
 
 def train(
@@ -239,14 +213,25 @@ def train(
     *,
     checkpoint_dir: str | Path | None = None,
     progress: Callable[[EpochRecord], None] | None = None,
+    regularizer: Regularizer | None = None,
+    callbacks: Iterable[Callback] = (),
 ) -> TrainResult:
     """Train `model` on `train_data` (the members) and return it with its history and, when
     `config.privacy` is set, the (ε, δ) spent by DP-SGD (Abadi et al. 2016, Alg. 1).
 
     `eval_data` (non-members) is evaluated after each epoch and drives early stopping. With
-    `checkpoint_dir`, the state is saved after every epoch and a re-run resumes from it.
+    `checkpoint_dir`, the state is saved after every epoch as one atomic file
+    (`privacylab.training.checkpoint`) and a re-run resumes from it, to the same weights and ε.
+
+    `regularizer(model, x, y, logits)` is added to the loss (per example, shape (B,); a scalar
+    only without DP) and `callbacks` (`on_step_end`/`on_epoch_end`) receive a `TrainState` and
+    may stop the run: see `privacylab.training.hooks`. Neither is part of the checkpoint's
+    configuration fingerprint: resume with the same ones.
     """
     config = (config or TrainConfig()).validate()
+    hooks = check_callbacks(callbacks)
+    if regularizer is not None and not callable(regularizer):
+        raise TrainingError(f"the regulariser must be callable, got {type(regularizer).__name__}")
     if len(train_data) == 0:
         raise TrainingError("the training data is empty")
     device = torch.device(config.device)
@@ -273,6 +258,17 @@ def train(
         return F.cross_entropy(
             out, target, reduction="none", label_smoothing=config.label_smoothing
         )
+
+    engine_loss: Callable[..., Tensor] = per_example_loss
+    if regularizer is not None:
+
+        def regularized_loss(out: Tensor, target: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
+            losses = per_example_loss(out, target)
+            term = regularizer(body, inputs[0], target, out)
+            return losses + regularization_term(term, len(target), private=True)
+
+        regularized_loss.takes_inputs = True  # type: ignore[attr-defined]
+        engine_loss = regularized_loss
 
     engine: DPSGD | None = None
     sampler: PoissonSampler | ShuffleSampler
@@ -307,7 +303,7 @@ def train(
         engine = DPSGD(
             body,
             optimizer,
-            per_example_loss,
+            engine_loss,
             noise_multiplier=sigma,
             max_grad_norm=privacy.max_grad_norm,
             expected_batch_size=q * n,
@@ -316,6 +312,7 @@ def train(
             physical_batch_size=privacy.physical_batch_size,
             secure_noise=privacy.secure_noise,
             generator=None if privacy.secure_noise else noise_gen,
+            sample_rate=q,
         )
         note = None
         if not sampler.poisson:
@@ -333,22 +330,45 @@ def train(
             "note": note,
         }
 
-    def epsilon_after(steps: int) -> float:
-        assert privacy is not None
+    def epsilon_spent() -> float | None:
+        """ε of the events the engine executed (memoised; the plain DP-SGD run shares the
+        calibration's cache)."""
+        if engine is None or privacy is None:
+            return None
+        event = engine.privacy_event
+        if event is None:
+            return None
         sigma = spent_template["noise_multiplier"]
-        return dp_sgd_epsilon(sigma, q, steps, privacy.delta, privacy.accountant)
+        if event == dp_sgd(sigma, q, engine.ledger.releases):
+            return dp_sgd_epsilon(
+                sigma, q, engine.ledger.releases, privacy.delta, privacy.accountant
+            )
+        return _event_epsilon(event, privacy.delta, privacy.accountant)
+
+    def state_now(epoch: int, **extra: Any) -> TrainState:
+        return TrainState(
+            epoch=epoch,
+            step=steps,
+            model=model,
+            optimizer=optimizer,
+            privacy_event=engine.privacy_event if engine is not None else None,
+            _epsilon=epsilon_spent,
+            **extra,
+        )
 
     history: list[EpochRecord] = []
     steps, start_epoch, best, waited, stopped = 0, 0, math.inf, 0, None
-    checkpoint = _Checkpoint(checkpoint_dir, config)
+    checkpoint = Checkpoint(checkpoint_dir, json.dumps(config.to_dict(), sort_keys=True))
     generators = {"sample": sample_gen, "noise": noise_gen, "augment": aug_gen}
-    resumed = checkpoint.load(body, optimizer, generators)
-    if resumed is not None:
+    saved = checkpoint.load(body, optimizer, generators)
+    if saved is not None:
+        resumed = _checked_state(saved, ledger_expected=engine is not None)
         steps, start_epoch = resumed["steps"], resumed["epoch"]
         best, waited, stopped = resumed["best"], resumed["waited"], resumed["stopped"]
-        history = [EpochRecord(**r) for r in resumed["history"]]
+        history = resumed["history"]
         if engine is not None:
             engine.steps = steps
+            engine.ledger = resumed["ledger"]
 
     for epoch in range(start_epoch, config.epochs):
         if stopped:
@@ -365,17 +385,31 @@ def train(
             if config.augmentation and xb.dim() == 4:
                 xb = _augment(xb, config.rotation, config.translation, aug_gen)
             if engine is not None:
-                engine.step(xb, yb)
+                loss_value: Tensor | float = engine.step(xb, yb).loss_mean
             else:
                 optimizer.zero_grad(set_to_none=True)
-                per_example_loss(body(xb), yb).mean().backward()
+                out = body(xb)
+                loss = per_example_loss(out, yb).mean()
+                if regularizer is not None:
+                    term = regularization_term(regularizer(body, xb, yb, out), len(yb), False)
+                    loss = loss + term.mean()
+                loss.backward()
                 optimizer.step()
+                loss_value = loss
             steps += 1
+            if any(hasattr(h, "on_step_end") for h in hooks):
+                step_state = state_now(epoch + 1, loss=float(loss_value))
+                for hook in hooks:
+                    if hasattr(hook, "on_step_end"):
+                        hook.on_step_end(step_state)
+                if step_state.stop_reason:
+                    stopped = step_state.stop_reason
+                    break
         train_loss, train_acc = _evaluate(body, x_train, y_train)
         eval_loss, eval_acc = (None, None)
         if x_eval is not None and y_eval is not None:
             eval_loss, eval_acc = _evaluate(body, x_eval, y_eval)
-        eps = epsilon_after(steps) if privacy is not None and steps else None
+        eps = epsilon_spent() if privacy is not None and steps else None
         record = EpochRecord(epoch + 1, train_loss, train_acc, eval_loss, eval_acc, eps)
         history.append(record)
         if progress is not None:
@@ -387,6 +421,12 @@ def train(
                 waited += 1
                 if waited >= config.early_stopping:
                     stopped = f"early stopping: no better non-member loss for {waited} epochs"
+        if any(hasattr(h, "on_epoch_end") for h in hooks):
+            epoch_state = state_now(epoch + 1, record=record)
+            for hook in hooks:
+                if hasattr(hook, "on_epoch_end"):
+                    hook.on_epoch_end(epoch_state)
+            stopped = stopped or epoch_state.stop_reason
         state = {
             "steps": steps,
             "epoch": epoch + 1,
@@ -395,12 +435,21 @@ def train(
             "stopped": stopped,
             "history": [asdict(r) for r in history],
         }
+        if engine is not None:
+            state["ledger"] = engine.ledger.to_dict()
         checkpoint.save(body, optimizer, state, generators)
 
     spent = None
     if privacy is not None:
         # The last epoch's record already holds ε for every step taken.
         last = history[-1].epsilon if history else None
-        spent = PrivacySpent(epsilon=last or 0.0, steps=steps, **spent_template)
+        assert engine is not None
+        event = engine.privacy_event
+        spent = PrivacySpent(
+            epsilon=last or 0.0,
+            steps=steps,
+            event=event.to_dict() if event is not None else None,
+            **spent_template,
+        )
     model.eval()
     return TrainResult(model=model, history=history, privacy=spent, stopped=stopped)

@@ -27,7 +27,6 @@ from torch.utils.hooks import RemovableHandle
 
 from privacylab.accounting.events import Event, EventLedger, PoissonSampled
 from privacylab.mechanisms.gaussian_tensor import GaussianMechanism
-
 from privacylab.training.dp.clipping import ClippedBatch, ClipThresholds, GradientBuffers
 from privacylab.training.dp.errors import (
     DPSGDError,
