@@ -61,17 +61,40 @@ def save_model(
     try:
         folder.mkdir(parents=True, exist_ok=True)
         blob = save(tensors, metadata={"format": "pt", "privacylab": FORMAT})
-        partial = folder / (WEIGHTS_FILE + ".partial")
-        partial.write_bytes(blob)
         sidecar["weights"] = WEIGHTS_FILE
         sidecar["sha256"] = hashlib.sha256(blob).hexdigest()
-        os.replace(partial, folder / WEIGHTS_FILE)
-        partial_sidecar = folder / (SIDECAR_FILE + ".partial")
-        partial_sidecar.write_text(json.dumps(sidecar, indent=2, sort_keys=True) + "\n")
-        os.replace(partial_sidecar, folder / SIDECAR_FILE)
+        _write_durably(folder / WEIGHTS_FILE, blob)
+        text = json.dumps(sidecar, indent=2, sort_keys=True) + "\n"
+        _write_durably(folder / SIDECAR_FILE, text.encode("utf-8"))
     except (OSError, RuntimeError) as error:
         raise ModelError(f"cannot save model to {folder}: {error}") from None
     return folder
+
+
+def _write_durably(path: Path, blob: bytes) -> None:
+    """Replace `path` by `blob`: write `<name>.partial`, fsync it, ``os.replace`` it into place,
+    fsync the folder. The sidecar is committed last and holds the weights' sha256, so a kill
+    between the two commits leaves a pair that `load_model` rejects, never a silent mismatch."""
+    partial = path.with_name(path.name + ".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(partial, path)
+    try:
+        folder_fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(folder_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(folder_fd)
 
 
 def load_model(

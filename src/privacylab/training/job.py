@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from privacylab.data import load_dataset, split_train_test
 from privacylab.models import ModelSpec, build_model, save_model
 from privacylab.training.config import TrainConfig
+from privacylab.training.hooks import Callback, Regularizer
 from privacylab.training.trainer import EpochRecord, train
 
 
@@ -22,11 +23,16 @@ def train_job(
     root: str | Path | None = None,
     model_options: dict[str, Any] | None = None,
     progress: Callable[[EpochRecord], None] | None = None,
+    regularizer: Regularizer | None = None,
+    callbacks: Iterable[Callback] = (),
 ) -> dict[str, Any]:
     """Train `model` on the canonical train part of `dataset`, evaluate on its test part, and
     save the model (safetensors + JSON sidecar) to `out`; returns the run's summary.
 
     The state is checkpointed under `out/checkpoint` after each epoch, so a killed run resumes.
+    A private run's sidecar holds ``metadata["privacy_event"]``: the JSON form of the composed
+    privacy event the run executed, which `privacylab.training.reaccount` bounds again.
+    `regularizer` and `callbacks` are passed to `train` (see `privacylab.training.hooks`).
     """
     config.validate()
     data = load_dataset(dataset, root)
@@ -36,7 +42,14 @@ def train_job(
     net = build_model(model, members.input_shape, members.num_classes, seed=config.seed, **options)
     out = Path(out)
     result = train(
-        net, members, config, nonmembers, checkpoint_dir=out / "checkpoint", progress=progress
+        net,
+        members,
+        config,
+        nonmembers,
+        checkpoint_dir=out / "checkpoint",
+        progress=progress,
+        regularizer=regularizer,
+        callbacks=callbacks,
     )
     last = result.history[-1] if result.history else None
     privacy = result.privacy
@@ -65,6 +78,7 @@ def train_job(
         "training": config.to_dict(),
         "result": result.to_dict(),
         "summary": summary,
+        "privacy_event": privacy.event if privacy else None,
     }
     save_model(net, out, spec, metadata)
     return summary
