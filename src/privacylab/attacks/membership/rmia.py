@@ -28,7 +28,7 @@ from privacylab.attacks.membership.outputs import (
     true_class_probability,
 )
 from privacylab.attacks.membership.result import AttackError
-from privacylab.report.metrics import roc_auc
+from privacylab.stats import roc_auc
 from privacylab.target import Access, Target
 
 A_GRID = tuple(np.round(np.linspace(0.0, 1.0, 11), 2))
