@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from privacylab.attacks.membership.references import Recipe, TrainFn
@@ -107,6 +108,41 @@ def _recipe(
     return config.validate().to_dict()
 
 
+def _preflight(reference: str, data: Dataset, train: dict[str, Any], model: nn.Module) -> None:
+    """Refuse, in this process and before any reference is trained, what would fail in a
+    worker: a factory whose model does not take the data or does not return (n, classes), and a
+    DP recipe for a model the DP engine cannot clip (BatchNorm; a layer without a ghost rule)."""
+    fresh = build_from_factory(reference, data.input_shape, data.num_classes, seed=0)
+    for net, what in ((fresh, "a fresh model from the factory"), (model, "your trained model")):
+        net.eval()
+        try:
+            with torch.no_grad():
+                out = net(data.features[:2].to(next(net.parameters(), torch.empty(0)).device))
+        except Exception as error:
+            raise AttackError(
+                f"{what} fails on two rows of the data of shape "
+                f"{tuple(data.features[:2].shape)}: {type(error).__name__}: {error}"
+            ) from None
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, data.num_classes):
+            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise AttackError(
+                f"{what} returns {shape} for 2 rows; expected (2, {data.num_classes}) scores"
+            )
+    for name, value in fresh.state_dict().items():
+        if name not in model.state_dict() or model.state_dict()[name].shape != value.shape:
+            raise AttackError(f"your trained model and the factory's differ at {name!r}")
+    privacy = train.get("privacy")
+    if train.get("train_fn") is None and privacy:
+        from privacylab.training.dp.engine import check_no_batch_norm
+        from privacylab.training.dp.ghost.clipper import ghost_layers
+
+        check_no_batch_norm(fresh)
+        if privacy.get("clipping", "ghost") == "ghost":
+            _, problems = ghost_layers(fresh)
+            if problems:
+                raise AttackError(problems[0])
+
+
 def own_model_config(
     *,
     attacks: Sequence[str] | None = None,
@@ -160,6 +196,8 @@ def report_own_model(
     for the model, shown beside the attacks' ε lower bounds. Returns the report payload
     (`results.json`).
     """
+    if outputs not in ("logits", "probabilities"):
+        raise AttackError(f"outputs must be logits or probabilities, got {outputs!r}")
     config = config if config is not None else own_model_config()
     out = Path(out)
     cache_dir = Path(cache) if cache is not None else out / "cache"
@@ -174,6 +212,7 @@ def report_own_model(
     elif not isinstance(model, nn.Module):
         raise AttackError(f"model must be a torch nn.Module, got {type(model).__name__}")
     train = _recipe(recipe, train_fn, config.seed)
+    _preflight(reference, dataset, train, model)
     game = model_game(
         model,
         dataset,

@@ -173,12 +173,22 @@ def test_arrays_in_memory_and_the_trained_module(user_files, tmp_path):
         (["--model-factory", "USER", "--weights", "BAD", "--data", "D"], "do not fit"),
         (["--model-factory", "USER", "--weights", "W", "--data", "MISSING"], "no data"),
         (["--model-factory", "USER", "--weights", "W", "--data", "D", "--outputs", "x"], "outputs"),
+        (["--model-factory", "BN", "--weights", "BNW", "--data", "D", "--epsilon", "4"], "Batch"),
+        (["--model-factory", "WIDE", "--weights", "WIDEW", "--data", "D"], "expected (2, 10)"),
     ],
 )
 def test_bad_own_model_input_is_one_line(user_files, tmp_path, args, message):
     bad = tmp_path / "bad.safetensors"
     save_file({"fc1.weight": torch.zeros(3, 3)}, str(bad))
+    from tests.byo.user_net import make_batchnorm_net, make_wrong_width_net
+
+    save_file(make_batchnorm_net((1, 8, 8), 10).state_dict(), str(tmp_path / "bn.safetensors"))
+    save_file(make_wrong_width_net((1, 8, 8), 10).state_dict(), str(tmp_path / "w.safetensors"))
     subs = {
+        "BN": USER_NET.replace(":make_net", ":make_batchnorm_net"),
+        "BNW": str(tmp_path / "bn.safetensors"),
+        "WIDE": USER_NET.replace(":make_net", ":make_wrong_width_net"),
+        "WIDEW": str(tmp_path / "w.safetensors"),
         "USER": USER_NET,
         "USER:no_such": USER_NET.replace(":make_net", ":no_such"),
         "W": str(user_files["weights"]),

@@ -44,3 +44,16 @@ def fit(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int = 60) ->
         )
         loss.backward()
         optimizer.step()
+
+
+def make_batchnorm_net(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A network with BatchNorm, which DP-SGD cannot clip per example."""
+    width = math.prod(input_shape)
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(width, 32), nn.BatchNorm1d(32), nn.Linear(32, num_classes)
+    )
+
+
+def make_wrong_width_net(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A network whose head has the wrong number of classes."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), num_classes - 1))
