@@ -325,14 +325,31 @@ def run_experiment(
     cache: str | Path | None = None,
     progress: Progress | None = None,
     games: Iterable[Game] | None = None,
+    verdict_threshold: float = 0.002,
 ) -> dict[str, Any]:
     """Train, attack and report; writes `out/results.json` and `out/index.html` and returns the
     payload. Trained models live under `cache` (default `out/cache`) with their store. `games`
-    replaces the targets `config` would train (a user's own model, see `privacylab.byo`)."""
+    replaces the targets `config` would train (a user's own model, see `privacylab.byo`).
+
+    Each target gets a `verdict`: it leaks when its strongest attack's TPR at 0.1% FPR exceeds
+    `verdict_threshold` (default 0.002, twice chance), and a per-example `risk` (see
+    `privacylab.report.verdict.risk_scores`)."""
     from privacylab.report.html import write_report
-    from privacylab.report.plots import histogram_figure, roc_figure
+    from privacylab.report.plots import (
+        histogram_figure,
+        histogram_informative,
+        privacy_utility_figure,
+        roc_figure,
+    )
+    from privacylab.report.verdict import (
+        RISK_METHOD,
+        check_threshold,
+        risk_scores,
+        target_verdict,
+    )
 
     config.validate()
+    verdict_threshold = check_threshold(verdict_threshold)
     start = time.perf_counter()
     out = Path(out)
     payload: dict[str, Any] = {
@@ -341,6 +358,9 @@ def run_experiment(
         "model": config.model,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": {**asdict(config), "attacks": list(config.attacks)},
+        "verdict_threshold": verdict_threshold,
+        "verdict_metric": "tpr_at_01pct_fpr",
+        "risk_method": RISK_METHOD,
         "targets": [],
         "notes": [
             "Scores are ranked per attack; TPR at fixed FPR follows Carlini et al. 2022.",
@@ -375,15 +395,29 @@ def run_experiment(
             options=config.attack_options,
         )
         epsilon = game.record.get("epsilon")
-        metrics = [membership_metrics(r, delta=config.delta).to_dict() for r in results]
+        metrics = [
+            {
+                **membership_metrics(r, delta=config.delta).to_dict(),
+                "members": int(r.membership.sum()),
+            }
+            for r in results
+        ]
         roc_name = f"roc_{name}.png"
         images[roc_name] = roc_figure(results, f"{name}: ROC (log-log)")
         hists = {}
         for r in results:
+            if not histogram_informative(r):
+                continue
             file = f"hist_{name}_{r.attack}.png"
             images[file] = histogram_figure(r, f"{name}: {r.attack}")
             hists[r.attack] = file
         privacy = game.recipe.train.get("privacy")
+        risk = risk_scores(
+            results,
+            metrics,
+            labels=game.task.y.cpu().numpy(),
+            indices=getattr(game, "candidates", None),
+        )
         payload["targets"].append(
             {
                 "name": name,
@@ -398,7 +432,11 @@ def run_experiment(
                 "references": config.references,
                 "attacks": metrics,
                 "images": {"roc": roc_name, "histograms": hists},
+                "risk": risk,
             }
+        )
+        payload["targets"][-1]["verdict"] = target_verdict(
+            payload["targets"][-1], verdict_threshold
         )
     payload["audit"] = audit_epsilons(config, Path(cache) if cache else out / "cache", progress)
     if payload["targets"]:
@@ -411,6 +449,11 @@ def run_experiment(
             "trained with that target's recipe (DP-SGD for DP targets) on random halves of the "
             f"candidates; {config.model} {config.model_options}, {config.epochs} epochs.",
         )
+    if payload["targets"]:
+        images["privacy_utility.png"] = privacy_utility_figure(
+            payload["targets"], threshold=verdict_threshold
+        )
+        payload["images"] = {"privacy_utility": "privacy_utility.png"}
     payload["seconds"] = time.perf_counter() - start
     write_report(out, payload, images)
     return payload
@@ -444,8 +487,11 @@ def audit_epsilons(
     config: RunConfig, cache: Path, progress: Progress | None = None
 ) -> list[dict[str, Any]]:
     """Audit our DP-SGD at each of the run's ε with `config.audits` (a logistic regression on
-    digits, the audits' standard setting); trials are kept in the cache's store."""
+    digits, the audits' standard setting, named in each result as `audited_model` and
+    `audited_dataset`); trials are kept in the cache's store."""
     from privacylab.audit.job import run_audit
+
+    audited = {"audited_model": "logreg", "audited_dataset": "digits"}
 
     out = []
     jobs = [(eps, method) for eps in config.epsilons for method in config.audits]
@@ -459,11 +505,13 @@ def audit_epsilons(
                 epsilon=float(eps),
                 delta=config.delta,
                 trials=config.audit_trials,
+                dataset=audited["audited_dataset"],
+                model=audited["audited_model"],
                 store=store,
                 executor=executor,
                 seed=config.seed,
             )
-            out.append(result.to_dict())
+            out.append({**result.to_dict(), **audited})
     if progress:
         progress("audits", len(jobs), len(jobs))
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, NoReturn
 
@@ -208,13 +209,22 @@ def _widths(text: str | None) -> tuple[int, ...] | None:
 
 
 TERMINAL_HIDDEN = ("access", "balanced_accuracy", "seconds")
-"""Summary columns left to the HTML report when printing to a terminal."""
+"""Summary columns left to the HTML report when printing the summary."""
+
+PLAIN_PROGRESS_SECONDS = 2.0
+"""Without a terminal, progress within one unchanged stage is printed at most this often; a new
+stage (e.g. the next attack) and a finished one are always printed."""
 
 
 class _Stages:
-    """A rich progress bar per stage of a long job, on stderr (hidden when not a terminal)."""
+    """Progress of a long job on stderr, one bar per stage (a stage like "dp-eps1: attack
+    loss" belongs to the bar "dp-eps1"). Without a terminal, plain one-line messages instead:
+    one when a stage starts or changes, when it completes, and at most every
+    `PLAIN_PROGRESS_SECONDS` in between."""
 
     def __init__(self, console: Console) -> None:
+        self.console = console
+        self.plain = not console.is_terminal
         self.bar = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -222,15 +232,42 @@ class _Stages:
             TimeElapsedColumn(),
             console=console,
             transient=False,
-            disable=not console.is_terminal,
+            disable=self.plain,
         )
         self.tasks: dict[str, Any] = {}
+        self.start = time.monotonic()
+        self.printed: dict[str, tuple[float, str, float]] = {}
+
+    @staticmethod
+    def _key(stage: str) -> str:
+        return stage.split(": attack")[0] if ": attack" in stage else stage
 
     def __call__(self, stage: str, done: float, total: float) -> None:
-        key = stage.split(": attack ")[0] if ": attack " in stage else stage
+        key = self._key(stage)
+        if self.plain:
+            self._line(key, stage, done, total)
+            return
         if key not in self.tasks:
             self.tasks[key] = self.bar.add_task(key, total=max(total, 1))
-        self.bar.update(self.tasks[key], completed=done, description=stage)
+        description = key if done >= total else stage
+        self.bar.update(
+            self.tasks[key], completed=done, total=max(total, 1), description=description
+        )
+
+    def _line(self, key: str, stage: str, done: float, total: float) -> None:
+        now = time.monotonic()
+        last = self.printed.get(key)
+        finished = done >= total
+        if last is not None:
+            last_time, last_stage, last_done = last
+            if done == last_done and stage == last_stage:
+                return
+            if stage == last_stage and not finished and now - last_time < PLAIN_PROGRESS_SECONDS:
+                return
+        self.printed[key] = (now, stage, done)
+        label = f"{key}: done" if finished and stage != key else stage
+        line = f"[{now - self.start:6.0f}s] {label} ({done:.0f}/{total:.0f})"
+        print(line, file=self.console.file, flush=True)
 
     def __enter__(self) -> _Stages:
         self.bar.__enter__()
@@ -240,17 +277,64 @@ class _Stages:
         self.bar.__exit__(None, None, None)
 
 
-def _print_summary(payload: dict[str, Any]) -> None:
-    from privacylab.report.html import SUMMARY_COLUMNS, summary_table_rows
+def _plain_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell, separated by two spaces: lines never wrap mid-cell."""
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    for row in rows:
+        cells = (
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
 
-    shown = [(k, h) for k, h in SUMMARY_COLUMNS if k not in TERMINAL_HIDDEN]
-    table = Table(title=payload.get("title"))
-    for _, header in shown:
-        table.add_column(header, overflow="fold")
-    for row in summary_table_rows(payload):
-        style = "red" if row.get("violation") else None
-        table.add_row(*[str(row.get(key, "")) for key, _ in shown], style=style)
-    Console(width=max(Console().width, 120)).print(table)
+
+def _print_summary(payload: dict[str, Any]) -> None:
+    """Print per target its verdict and its attacks, strongest first: a rich table at the
+    terminal's own width, or a plain text table when stdout is not a terminal."""
+    from privacylab.report.html import SUMMARY_COLUMNS, TARGET_KEYS, target_tables
+    from privacylab.report.verdict import (
+        DEFAULT_VERDICT_THRESHOLD,
+        VERDICT_FPR,
+        target_verdict,
+    )
+
+    threshold = payload.get("verdict_threshold", DEFAULT_VERDICT_THRESHOLD)
+    shown = [(k, h) for k, h in SUMMARY_COLUMNS if k not in TERMINAL_HIDDEN + TARGET_KEYS]
+    console = Console()
+    plain = not console.is_terminal
+    title = payload.get("title")
+    if plain and title:
+        print(title)
+    targets = [t for t in payload.get("targets") or [] if isinstance(t, dict)]
+    for target, (facts, rows) in zip(targets, target_tables(payload), strict=True):
+        heading = (
+            f"{facts['target']}: ε {facts['epsilon']}, accuracy (test / train) {facts['accuracy']}"
+        )
+        verdict = target_verdict(target, threshold)
+        if verdict["leaks"] is None:
+            said = "no attack result"
+        else:
+            said = (
+                f"{'FAIL, leaks' if verdict['leaks'] else 'pass'}: {verdict['attack']} finds "
+                f"{100 * (verdict['tpr_at_01pct_fpr'] or 0):.2g}% of members at "
+                f"{100 * VERDICT_FPR:g}% FPR, at least {100 * verdict['tpr_lower_bound']:.2g}% "
+                f"with {100 * verdict['confidence']:g}% confidence (threshold "
+                f"{100 * threshold:.2g}%)"
+            )
+        cells = [[str(row.get(k, "")) for k, _ in shown] for row in rows]
+        if plain:
+            print(f"\n{heading}\nverdict: {said}")
+            print(_plain_table([h for _, h in shown], cells))
+            continue
+        table = Table(title=f"{heading}\nverdict: {said}", title_justify="left")
+        for _, header in shown:
+            table.add_column(header, overflow="fold")
+        for row, line in zip(rows, cells, strict=True):
+            table.add_row(*line, style="red" if row.get("violation") else None)
+        console.print(table)
 
 
 def _floats(text: str, name: str) -> tuple[float, ...]:

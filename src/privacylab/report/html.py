@@ -1,22 +1,51 @@
 """The JSON results file and the self-contained HTML report of one run.
 
 `write_report` writes `results.json` (the payload, NaN/inf as null) and `index.html` (inline CSS,
-no scripts, no network; plots as PNG files beside it, referenced by relative links with alt text).
+one small inline script that sorts tables when a header is clicked, no network; plots as PNG
+files beside it, referenced by relative links with alt text). The page is a header, then the
+registered sections (`privacylab.report.sections`, one per attack family) in order, then notes.
+Every file is created with mode 0644 (under the usual umask 022).
 """
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import os
-import tempfile
+import re
+import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
+
+from privacylab.report._format import (
+    MISSING,
+    atomic_write_bytes,
+    e,
+    epsilon_text,
+    fmt,
+    fmt_int,
+    mappings,
+    number,
+    safe_name,
+    target_epsilon,
+)
+from privacylab.report.sections import sections
+from privacylab.report.sections.audit import AUDIT_COLUMNS
+from privacylab.report.verdict import strength_key
+
+__all__ = [
+    "AUDIT_COLUMNS",
+    "MISSING",
+    "SUMMARY_COLUMNS",
+    "atomic_write_bytes",
+    "render_html",
+    "summary_table_rows",
+    "target_tables",
+    "write_report",
+]
 
 SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
     ("target", "target"),
@@ -34,26 +63,53 @@ SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 """(key, header) of each column of `summary_table_rows`, in display order."""
 
-MISSING = "—"
+TARGET_KEYS = ("target", "accuracy", "epsilon")
+"""Columns of `SUMMARY_COLUMNS` that are facts of the target, not of the attack."""
 
 _CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto;
        max-width: 72rem; padding: 0 1rem; color: #1b1b1b; line-height: 1.45; }
 h1 { margin-bottom: 0.2rem; }
+h3 { margin-top: 2rem; border-bottom: 1px solid #ddd; }
 .meta { color: #555; margin-top: 0; }
+.small { font-size: 0.88rem; color: #444; }
 table { border-collapse: collapse; margin: 1rem 0; font-size: 0.92rem; }
 th, td { border: 1px solid #ccc; padding: 0.3rem 0.55rem; text-align: right; }
 th { background: #f1f1f1; }
 td.text, th.text { text-align: left; }
 tr.violation td { background: #fde2e2; color: #a40000; font-weight: 600; }
-.note { background: #f6f8fa; border-left: 4px solid #888; padding: 0.6rem 0.9rem; }
+.note { background: #f6f8fa; border-left: 4px solid #888; padding: 0.6rem 0.9rem; margin: 1rem 0; }
 .note.warn { border-left-color: #c00; }
 figure { display: inline-block; margin: 0.5rem 1rem 1rem 0; vertical-align: top; }
-figure img { max-width: 34rem; width: 100%; height: auto; border: 1px solid #ddd; }
+figure img { max-width: 100%; height: auto; border: 1px solid #ddd; }
 figcaption { font-size: 0.85rem; color: #555; }
+details { margin: 0.8rem 0; }
+summary { cursor: pointer; font-weight: 600; }
 .missing { color: #a40000; font-style: italic; }
 pre { background: #f6f8fa; padding: 0.6rem; overflow-x: auto; }
 """
+
+_SORT_SCRIPT = """<script>
+document.querySelectorAll("table.sortable").forEach(function (table) {
+  var heads = table.tHead.rows[0].cells;
+  Array.prototype.forEach.call(heads, function (th, col) {
+    th.addEventListener("click", function () {
+      var body = table.tBodies[0];
+      var rows = Array.prototype.slice.call(body.rows);
+      var dir = th.getAttribute("aria-sort") === "descending" ? 1 : -1;
+      Array.prototype.forEach.call(heads, function (h) { h.removeAttribute("aria-sort"); });
+      th.setAttribute("aria-sort", dir === 1 ? "ascending" : "descending");
+      rows.sort(function (a, b) {
+        var x = a.cells[col].getAttribute("data-sort"), y = b.cells[col].getAttribute("data-sort");
+        var nx = parseFloat(x), ny = parseFloat(y);
+        if (isNaN(nx) || isNaN(ny)) { return dir * String(x).localeCompare(String(y)); }
+        return nx === ny ? 0 : dir * (nx < ny ? -1 : 1);
+      });
+      rows.forEach(function (row) { body.appendChild(row); });
+    });
+  });
+});
+</script>"""
 
 
 def _json_safe(value: Any) -> Any:
@@ -76,188 +132,77 @@ def _json_safe(value: Any) -> Any:
     return str(value)
 
 
-def atomic_write_bytes(target: Path, data: bytes) -> None:
-    """Write `data` to `target` through a temporary file and a rename, so no reader sees half."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _dumps(value: Any) -> str:
+    """JSON indented by 2, except that long lists of plain numbers or strings (per-example
+    columns) stay on one line each, so results.json stays readable and small."""
+    compact: list[str] = []
+    tag = secrets.token_hex(8)
+
+    def fold(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: fold(x) for k, x in v.items()}
+        if isinstance(v, list):
+            if len(v) > 8 and all(x is None or isinstance(x, (int, float, str)) for x in v):
+                compact.append(json.dumps(v, separators=(",", ":"), ensure_ascii=False))
+                return f"\x00{tag}{len(compact) - 1}\x00"
+            return [fold(x) for x in v]
+        return v
+
+    text = json.dumps(fold(value), indent=2, ensure_ascii=False, allow_nan=False)
+    return re.sub(rf'"\\u0000{tag}(\d+)\\u0000"', lambda m: compact[int(m.group(1))], text)
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(number) else number
+def _attack_row(attack: Mapping[str, Any], epsilon: float | None) -> dict[str, Any]:
+    bound = number(attack.get("epsilon_lower_bound"))
+    return {
+        "attack": str(attack.get("attack", MISSING)),
+        "access": str(attack.get("access", MISSING)),
+        "auc": fmt(attack.get("auc")),
+        "tpr_at_1pct_fpr": fmt(attack.get("tpr_at_1pct_fpr")),
+        "tpr_at_01pct_fpr": fmt(attack.get("tpr_at_01pct_fpr")),
+        "balanced_accuracy": fmt(attack.get("balanced_accuracy")),
+        "epsilon_lower_bound": fmt(attack.get("epsilon_lower_bound")),
+        "queries": fmt_int(attack.get("queries")),
+        "seconds": fmt(attack.get("seconds"), 2),
+        "violation": epsilon is not None and bound is not None and bound > epsilon,
+    }
 
 
-def _fmt(value: Any, digits: int = 3) -> str:
-    number = _number(value)
-    if number is None:
-        return MISSING if value is None or isinstance(value, (int, float)) else str(value)
-    if math.isinf(number):
-        return "∞" if number > 0 else "-∞"
-    return f"{number:.{digits}f}"
-
-
-def _fmt_int(value: Any) -> str:
-    number = _number(value)
-    if number is None or math.isinf(number):
-        return MISSING if value is None else str(value)
-    return str(int(number))
-
-
-def _target_epsilon(target: Mapping[str, Any]) -> float | None:
-    number = _number(target.get("epsilon"))
-    return None if number is None or math.isinf(number) else number
-
-
-def _epsilon_text(target: Mapping[str, Any]) -> str:
-    epsilon = _target_epsilon(target)
-    if epsilon is None:
-        return "∞ (non-private)"
-    delta = _number(target.get("delta"))
-    return f"{epsilon:.3g}" if delta is None else f"{epsilon:.3g} (δ={delta:.1e})"
-
-
-def _mappings(value: Any) -> list[Mapping[str, Any]]:
-    if not isinstance(value, (list, tuple)):
-        return []
-    return [item for item in value if isinstance(item, Mapping)]
+def _target_facts(target: Mapping[str, Any]) -> dict[str, str]:
+    return {
+        "target": str(target.get("name", MISSING)),
+        "accuracy": f"{fmt(target.get('test_accuracy'))} / {fmt(target.get('train_accuracy'))}",
+        "epsilon": epsilon_text(target),
+    }
 
 
 def summary_table_rows(payload: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """One row per target × attack, as display strings keyed by `SUMMARY_COLUMNS`.
+    """One row per target × attack, as display strings keyed by `SUMMARY_COLUMNS`, in payload
+    order.
 
     Each row also carries `violation` (bool): the attack's ε lower bound exceeds the target's
     claimed ε, which a correct DP accountant and a valid bound never allow. A target without
     attacks yields one row with empty attack columns. Missing keys show as "—".
     """
     rows: list[dict[str, Any]] = []
-    for target in _mappings(payload.get("targets")):
-        epsilon = _target_epsilon(target)
-        base = {
-            "target": str(target.get("name", MISSING)),
-            "accuracy": (
-                f"{_fmt(target.get('test_accuracy'))} / {_fmt(target.get('train_accuracy'))}"
-            ),
-            "epsilon": _epsilon_text(target),
-        }
-        attacks = _mappings(target.get("attacks")) or [{}]
-        for attack in attacks:
-            bound = _number(attack.get("epsilon_lower_bound"))
-            violation = epsilon is not None and bound is not None and bound > epsilon
-            rows.append(
-                {
-                    **base,
-                    "attack": str(attack.get("attack", MISSING)),
-                    "access": str(attack.get("access", MISSING)),
-                    "auc": _fmt(attack.get("auc")),
-                    "tpr_at_1pct_fpr": _fmt(attack.get("tpr_at_1pct_fpr")),
-                    "tpr_at_01pct_fpr": _fmt(attack.get("tpr_at_01pct_fpr")),
-                    "balanced_accuracy": _fmt(attack.get("balanced_accuracy")),
-                    "epsilon_lower_bound": _fmt(attack.get("epsilon_lower_bound")),
-                    "queries": _fmt_int(attack.get("queries")),
-                    "seconds": _fmt(attack.get("seconds"), 2),
-                    "violation": violation,
-                }
-            )
+    for target in mappings(payload.get("targets")):
+        base = _target_facts(target)
+        epsilon = target_epsilon(target)
+        for attack in mappings(target.get("attacks")) or [{}]:
+            rows.append({**base, **_attack_row(attack, epsilon)})
     return rows
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _summary_html(rows: list[dict[str, Any]]) -> str:
-    text_keys = {"target", "epsilon", "attack", "access"}
-    head = "".join(
-        f'<th class="text">{_e(h)}</th>' if k in text_keys else f"<th>{_e(h)}</th>"
-        for k, h in SUMMARY_COLUMNS
-    )
-    body = []
-    for row in rows:
-        cells = "".join(
-            f'<td class="text">{_e(row[k])}</td>' if k in text_keys else f"<td>{_e(row[k])}</td>"
-            for k, _ in SUMMARY_COLUMNS
-        )
-        if row["violation"]:
-            title = "ε lower bound exceeds the claimed ε"
-            body.append(f'<tr class="violation" title="{_e(title)}">{cells}</tr>')
-        else:
-            body.append(f"<tr>{cells}</tr>")
-    if not body:
-        body.append(f'<tr><td colspan="{len(SUMMARY_COLUMNS)}">no results</td></tr>')
-    return (
-        f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n"
-        + "\n".join(body)
-        + "\n</tbody>\n</table>"
-    )
-
-
-def _figure(folder: Path, name: Any, alt: str, caption: str) -> str:
-    if not isinstance(name, str) or not name or not _safe_name(name):
-        return ""
-    if not (folder / name).is_file():
-        return f'<p class="missing">{_e(caption)}: image {_e(name)} is missing.</p>'
-    return (
-        f'<figure><img src="{_e(quote(name))}" alt="{_e(alt)}">'
-        f"<figcaption>{_e(caption)}</figcaption></figure>"
-    )
-
-
-def _target_html(folder: Path, target: Mapping[str, Any]) -> str:
-    name = str(target.get("name", MISSING))
-    parts = [f"<section>\n<h2>{_e(name)}</h2>"]
-    accountant = target.get("accountant")
-    meta = [
-        f"ε = {_epsilon_text(target)}",
-        f"accountant: {accountant}" if accountant else None,
-        f"train accuracy {_fmt(target.get('train_accuracy'))}",
-        f"test accuracy {_fmt(target.get('test_accuracy'))}",
-    ]
-    parts.append(f'<p class="meta">{_e(" · ".join(m for m in meta if m))}</p>')
-    images = target.get("images")
-    images = images if isinstance(images, Mapping) else {}
-    roc = _figure(
-        folder,
-        images.get("roc"),
-        f"Log-log ROC curves of every membership attack on target {name}",
-        f"ROC curves, {name}",
-    )
-    if roc:
-        parts.append(roc)
-    histograms = images.get("histograms")
-    if isinstance(histograms, Mapping) and histograms:
-        parts.append("<h3>Score histograms</h3>")
-        for attack, file in histograms.items():
-            figure = _figure(
-                folder,
-                file,
-                f"Histogram of {attack} scores for members and non-members of target {name}",
-                f"{attack} on {name}",
-            )
-            if figure:
-                parts.append(figure)
-    parts.append("</section>")
-    return "\n".join(parts)
-
-
-def _safe_name(name: str) -> bool:
-    return (
-        name not in {".", "..", "index.html", "results.json"}
-        and "/" not in name
-        and "\\" not in name
-        and not name.startswith(".")
-        and "\x00" not in name
-    )
+def target_tables(payload: Mapping[str, Any]) -> list[tuple[dict[str, str], list[dict[str, Any]]]]:
+    """Per target: its facts (`TARGET_KEYS`) once, and its attack rows (display strings keyed
+    like `SUMMARY_COLUMNS`, plus `violation`) strongest first by TPR at 0.1% FPR, then TPR at
+    1% FPR, then AUC — never by the ε lower bound."""
+    out = []
+    for target in mappings(payload.get("targets")):
+        epsilon = target_epsilon(target)
+        attacks = sorted(mappings(target.get("attacks")), key=strength_key, reverse=True)
+        out.append((_target_facts(target), [_attack_row(a, epsilon) for a in attacks]))
+    return out
 
 
 def render_html(folder: str | os.PathLike[str], payload: Mapping[str, Any]) -> str:
@@ -268,79 +213,39 @@ def render_html(folder: str | os.PathLike[str], payload: Mapping[str, Any]) -> s
     for key, label in (("dataset", "dataset"), ("model", "model"), ("created", "created")):
         if payload.get(key) is not None:
             meta.append(f"{label}: {payload[key]}")
-    if _number(payload.get("seconds")) is not None:
-        meta.append(f"run time: {_fmt(payload.get('seconds'), 1)} s")
-    rows = summary_table_rows(payload)
-    violations = sum(bool(row["violation"]) for row in rows)
-    note_class = "note warn" if violations else "note"
-    note = (
-        "The ε lower bound is the privacy loss an attack's error rates prove (Jagielski et al. "
-        "2020; Nasr et al. 2021): with the stated confidence, no (ε, δ)-DP model lets a fixed "
-        "test reach these FPR/FNR. For a DP model it must not exceed the model's ε; a row in red "
-        "means it does, which points to a bug in training or accounting, or to a bound computed "
-        "with a threshold chosen on the evaluated examples (optimistic)."
-    )
-    if violations:
-        note += f" {violations} row(s) exceed the claimed ε."
+    if number(payload.get("seconds")) is not None:
+        meta.append(f"run time: {fmt(payload.get('seconds'), 1)} s")
+    chosen = [s for s in sections() if s.applies(payload)]
+    css = _CSS + "".join(str(getattr(s, "css", "")) for s in chosen)
+    body = [s.render(base, payload) for s in chosen]
+    if not chosen:
+        body.append("<p>No results.</p>")
+    nav = " · ".join(f'<a href="#{e(s.key)}">{e(s.title)}</a>' for s in chosen)
+    notes = payload.get("notes")
+    if isinstance(notes, (list, tuple)) and notes:
+        items = "".join(f"<li>{e(n)}</li>" for n in notes)
+        body.append(f'<section id="notes">\n<h2>Notes</h2>\n<ul>{items}</ul>\n</section>')
+        nav += ' · <a href="#notes">Notes</a>' if nav else '<a href="#notes">Notes</a>'
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en">',
         "<head>",
         '<meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_e(title)}</title>",
-        f"<style>{_CSS}</style>",
+        f"<title>{e(title)}</title>",
+        f"<style>{css}</style>",
         "</head>",
         "<body>",
-        f"<h1>{_e(title)}</h1>",
-        f'<p class="meta">{_e(" · ".join(meta))}</p>' if meta else "",
-        "<h2>Summary</h2>",
-        _summary_html(rows),
-        f'<p class="{note_class}">{_e(note)}</p>',
+        f"<h1>{e(title)}</h1>",
+        f'<p class="meta">{e(" · ".join(meta))}</p>' if meta else "",
+        f"<nav>{nav}</nav>" if nav else "",
+        *body,
+        _SORT_SCRIPT if "sortable" in "".join(body) else "",
+        "</body>",
+        "</html>",
+        "",
     ]
-    parts.extend(_target_html(base, target) for target in _mappings(payload.get("targets")))
-    audit = payload.get("audit")
-    if audit is not None:
-        parts.append(_audit_html(audit))
-    notes = payload.get("notes")
-    if isinstance(notes, (list, tuple)) and notes:
-        items = "".join(f"<li>{_e(n)}</li>" for n in notes)
-        parts.append(f"<section>\n<h2>Notes</h2>\n<ul>{items}</ul>\n</section>")
-    parts.extend(["</body>", "</html>", ""])
     return "\n".join(p for p in parts if p is not None)
-
-
-AUDIT_COLUMNS: tuple[tuple[str, str], ...] = (
-    ("method", "method"),
-    ("epsilon_theory", "ε (accountant)"),
-    ("epsilon_lower_bound", "ε lower bound"),
-    ("confidence", "confidence"),
-    ("trials", "trials"),
-    ("seconds", "seconds"),
-)
-"""(key, header) of each column of the audit table, in display order."""
-
-
-def _audit_html(audit: Any) -> str:
-    """The audit section: one row per audit, red where the lower bound refutes the accountant."""
-    rows = [a for a in (audit if isinstance(audit, (list, tuple)) else [audit]) if a]
-    head = "".join(f"<th>{_e(h)}</th>" for _, h in AUDIT_COLUMNS)
-    body = []
-    for row in _mappings(rows):
-        cells = []
-        for key, _ in AUDIT_COLUMNS:
-            value = row.get(key)
-            number = _number(value)
-            text = f"{number:.3f}" if number is not None and key != "trials" else value
-            cells.append(f"<td>{_e(MISSING if text is None else str(text))}</td>")
-        style = ' class="violation"' if row.get("violated") else ""
-        body.append(f"<tr{style}>{''.join(cells)}</tr>")
-    note = (
-        "An audit attacks our own DP-SGD to measure a lower bound on ε; a lower bound above the "
-        "accountant's ε means the implementation or its accounting is wrong."
-    )
-    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-    return f"<section>\n<h2>Audit</h2>\n<p>{_e(note)}</p>\n{table}\n</section>"
 
 
 def write_report(
@@ -349,15 +254,15 @@ def write_report(
     """Write `results.json`, the PNG `images` and `index.html` into `folder`; return the page.
 
     `images` maps plain file names (no directories) to PNG bytes; the payload refers to them by
-    those names. Every file is written atomically (temporary file, then `os.replace`).
+    those names. Every file is written atomically (temporary file, then `os.replace`) with the
+    mode a plain `open` would give it (0644 under umask 022).
     """
     base = Path(folder)
     for name in images:
-        if not isinstance(name, str) or not _safe_name(name):
+        if not isinstance(name, str) or not safe_name(name):
             raise ValueError(f"image name must be a plain file name, got {name!r}")
     base.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(_json_safe(payload), indent=2, ensure_ascii=False, allow_nan=False)
-    atomic_write_bytes(base / "results.json", (data + "\n").encode("utf-8"))
+    atomic_write_bytes(base / "results.json", (_dumps(_json_safe(payload)) + "\n").encode("utf-8"))
     for name, content in images.items():
         atomic_write_bytes(base / name, bytes(content))
     page = base / "index.html"
