@@ -395,7 +395,7 @@ def train(
                     loss = loss + term.mean()
                 loss.backward()
                 optimizer.step()
-                loss_value = loss
+                loss_value = loss.detach()
             steps += 1
             if any(hasattr(h, "on_step_end") for h in hooks):
                 step_state = state_now(epoch + 1, loss=float(loss_value))
