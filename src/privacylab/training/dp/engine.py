@@ -108,7 +108,9 @@ class DPSGD:
         loss_fn: ``loss_fn(outputs, targets) -> (B,)`` per-example losses
             (``reduction='none'``); a loss_fn with attribute ``takes_inputs = True`` is called as
             ``loss_fn(outputs, targets, inputs)`` with the same examples' model inputs (a tuple).
-        noise_multiplier: σ; the noise added to the clipped sum has std σ·C.
+        noise_multiplier: σ; the noise added to the clipped sum has std σ·C.  It may be changed
+            between steps (``engine.noise_multiplier = σ'``); the ledger then records a
+            composition of the different steps' events.
         max_grad_norm: C, the L2 bound on one example's clipped gradient.
         expected_batch_size: the fixed denominator L = q·N of Alg. 1.
         clipping: ``"ghost"`` (ghost clipping with book-keeping; errors on a layer without a
@@ -150,7 +152,7 @@ class DPSGD:
             raise DPSGDError(f"clipping must be one of {', '.join(STRATEGIES)}, got {clipping!r}")
         if not callable(loss_fn):
             raise DPSGDError("loss_fn must be callable: loss_fn(outputs, targets) -> (B,) losses")
-        self.noise_multiplier = check_number("noise_multiplier", noise_multiplier, positive=False)
+        sigma = check_number("noise_multiplier", noise_multiplier, positive=False)
         self.expected_batch_size = check_number(
             "expected_batch_size", expected_batch_size, positive=False
         )
@@ -179,7 +181,7 @@ class DPSGD:
             sample_rate = q
         self.sample_rate = sample_rate
         self.mechanism = GaussianMechanism(
-            self.noise_multiplier, self.max_grad_norm, generator=generator, secure=secure_noise
+            sigma, self.max_grad_norm, generator=generator, secure=secure_noise
         )
         self.ledger = EventLedger()
         self.unbounded_steps = 0
@@ -204,6 +206,15 @@ class DPSGD:
             stacklevel=3,
         )
         return "per_sample"
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ of the next step (the mechanism's)."""
+        return self.mechanism.noise_multiplier
+
+    @noise_multiplier.setter
+    def noise_multiplier(self, value: float) -> None:
+        self.mechanism.noise_multiplier = check_number("noise_multiplier", value, positive=False)
 
     @property
     def noise_std(self) -> float:
