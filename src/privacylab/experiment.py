@@ -331,8 +331,9 @@ def run_experiment(
     payload. Trained models live under `cache` (default `out/cache`) with their store. `games`
     replaces the targets `config` would train (a user's own model, see `privacylab.byo`).
 
-    Each target gets a `verdict`: it leaks when its strongest attack's TPR at 0.1% FPR exceeds
-    `verdict_threshold` (default 0.002, twice chance), and a per-example `risk` (see
+    Each target gets a `verdict`: it leaks when an attack's TPR at 0.1% FPR exceeds
+    `verdict_threshold` (default 0.002, twice chance) with 95% confidence over all attacks (see
+    `privacylab.report.verdict.target_verdict`), and a per-example `risk` (see
     `privacylab.report.verdict.risk_scores`)."""
     from privacylab.report.html import write_report
     from privacylab.report.plots import (

@@ -5,9 +5,15 @@ folder, so relative image links resolve the same way). It records uncaught error
 promise rejections, resource load failures (capture-phase "error" events) and console.error /
 console.warn calls, and on "load" writes them and each <img>'s naturalWidth into a data attribute
 of <html>; `--dump-dom` prints the DOM after load. As a second net, Chromium's stderr log
-(`--enable-logging=stderr`) must hold no CONSOLE line: the report has no scripts of its own, so
-any console message at all is a fault. Both checks are shown to fire on a deliberately broken
-page (a thrown error and a missing image).
+(`--enable-logging=stderr`) must hold no CONSOLE line: the report's one script (table sorting)
+logs nothing, so any console message at all is a fault. Both checks are shown to fire on a
+deliberately broken page (a thrown error and a missing image).
+
+The screenshot test renders a full report at 1400 px, reads each plot's and each verdict box's
+place from the probe, and checks the pixels of the screenshot there: a plot must not be blank
+(non-white fraction and pixel spread), and the ROC legend's text, measured in the PNG by
+matplotlib and scaled to the size Chromium shows it at, must be at least 9 pt (12 CSS px). The
+blank-plot check is shown to fire on a white PNG.
 """
 
 from __future__ import annotations
@@ -48,12 +54,22 @@ _PROBE = """<script>
     };
   });
   window.addEventListener("load", function () {
+    function box(el) {
+      var r = el.getBoundingClientRect();
+      return {x: r.left + window.scrollX, y: r.top + window.scrollY, w: r.width, h: r.height};
+    }
     var images = Array.prototype.map.call(document.images, function (img) {
       return {src: img.getAttribute("src"), loaded: img.complete && img.naturalWidth > 0,
-              width: img.naturalWidth, alt: img.getAttribute("alt")};
+              width: img.naturalWidth, alt: img.getAttribute("alt"), shown: img.clientWidth,
+              box: box(img), collapsed: !!img.closest("details:not([open])"),
+              link: img.parentElement.tagName === "A" ?
+                img.parentElement.getAttribute("href") : null};
     });
+    var verdicts = Array.prototype.map.call(document.querySelectorAll(".verdict"),
+      function (v) { return {text: v.textContent, box: box(v)}; });
     document.documentElement.setAttribute(
-      "data-probe", JSON.stringify({errors: errors, images: images}));
+      "data-probe", JSON.stringify({errors: errors, images: images, verdicts: verdicts,
+                                    height: document.documentElement.scrollHeight}));
   });
 })();
 </script>"""
@@ -78,7 +94,9 @@ def chromium() -> str:
     return found
 
 
-def _render(chromium: str, page: Path, profile: Path) -> tuple[dict[str, Any], list[str]]:
+def _render(
+    chromium: str, page: Path, profile: Path, width: int = 1400
+) -> tuple[dict[str, Any], list[str]]:
     text = page.read_text(encoding="utf-8")
     probed = page.with_name("probe_" + page.name)
     probed.write_text(re.sub(r"<head>", "<head>" + _PROBE, text, count=1), encoding="utf-8")
@@ -97,6 +115,8 @@ def _render(chromium: str, page: Path, profile: Path) -> tuple[dict[str, Any], l
         "--v=0",
         "--run-all-compositor-stages-before-draw",
         "--virtual-time-budget=5000",
+        f"--window-size={width},1000",
+        "--force-device-scale-factor=1",
         "--dump-dom",
         probed.as_uri(),
     ]
@@ -134,7 +154,88 @@ def test_probe_detects_a_broken_page(chromium: str, tmp_path: Path) -> None:
     probe, console = _render(chromium, page, tmp_path / "profile")
     assert any("Error: x" in e for e in probe["errors"]), probe
     assert any(e.startswith("resource IMG") and "missing.png" in e for e in probe["errors"]), probe
-    assert probe["images"] == [
-        {"src": "missing.png", "loaded": False, "width": 0, "alt": "missing"}
-    ]
+    assert [
+        {k: image[k] for k in ("src", "loaded", "width", "alt")} for image in probe["images"]
+    ] == [{"src": "missing.png", "loaded": False, "width": 0, "alt": "missing"}]
     assert any("Error: x" in line for line in console), console
+
+
+def _screenshot(chromium: str, page: Path, profile: Path, size: tuple[int, int]) -> Path:
+    shot = page.with_name("screenshot.png")
+    command = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        f"--user-data-dir={profile}",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        "--virtual-time-budget=5000",
+        f"--window-size={size[0]},{size[1]}",
+        f"--screenshot={shot}",
+        page.as_uri(),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0 and shot.is_file(), done.stderr[-2000:]
+    return shot
+
+
+def _blank(pixels: Any) -> bool:
+    """Whether an RGB crop shows (nearly) nothing: under 2% non-white pixels or no spread."""
+    import numpy as np
+
+    gray = np.asarray(pixels, dtype=np.float64)[..., :3].mean(axis=-1)
+    return bool(gray.size == 0 or (gray < 235).mean() < 0.02 or gray.std() < 8.0)
+
+
+def test_screenshot_shows_verdicts_and_legible_nonblank_plots(
+    chromium: str, tmp_path: Path
+) -> None:
+    import numpy as np
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+    from test_sections import ATTACKS, full_run, scored
+
+    from privacylab.report.plots import DPI, roc_plot
+
+    images: dict[str, bytes] = {}
+    page = write_report(tmp_path / "report", full_run(images), images)
+    probe, console = _render(chromium, page, tmp_path / "profile")
+    assert probe["errors"] == [] and console == []
+    shot = _screenshot(chromium, page, tmp_path / "profile2", (1400, int(probe["height"]) + 20))
+    pixels = np.asarray(Image.open(shot).convert("RGB"))
+    assert not _blank(pixels)
+
+    def crop(box: dict[str, float]) -> Any:
+        x, y = int(box["x"]), int(box["y"])
+        return pixels[y : y + int(box["h"]), x : x + int(box["w"])]
+
+    assert len(probe["verdicts"]) == 2
+    assert "FAIL" in probe["verdicts"][0]["text"] and "PASS" in probe["verdicts"][1]["text"]
+    for verdict in probe["verdicts"]:
+        assert verdict["box"]["y"] < 600 and not _blank(crop(verdict["box"]))
+
+    shown = [i for i in probe["images"] if not i["collapsed"]]
+    assert any(i["collapsed"] and i["src"].startswith("hist_") for i in probe["images"])
+    rocs = [i for i in shown if i["src"].startswith("roc_")]
+    assert len(rocs) == 2 and any(i["src"] == "privacy_utility.png" for i in shown)
+    for image in shown:
+        assert image["loaded"] and image["link"] == image["src"], image
+        assert not _blank(crop(image["box"])), f"{image['src']} is blank on the page"
+
+    # legend text height in the PNG, scaled to the width Chromium shows the PNG at
+    fig = roc_plot([scored(a, 0.2 * i, seed=i) for i, a in enumerate(ATTACKS)], "roc")
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    texts = fig.axes[0].get_legend().get_texts()
+    png_px = min(t.get_window_extent(renderer).height for t in texts) * DPI / fig.dpi
+    for roc in rocs:
+        scale = roc["shown"] / roc["width"]
+        assert png_px * scale >= 12.0, f"legend text {png_px * scale:.1f} CSS px tall"
+
+    white = np.full((200, 300, 3), 255, dtype=np.uint8)
+    white[100, 10:20] = 0
+    assert _blank(white)
