@@ -18,7 +18,7 @@ from privacylab.accounting import (
     calibrate_noise_multiplier,
     dp_sgd,
     make_accountant,
-    max_steps,
+    step_budget,
     steps_from_epochs,
 )
 from privacylab.accounting import _validate as check
@@ -42,6 +42,12 @@ from privacylab.cli._common import (
 
 CURVE_ACCOUNTANTS = ("rdp", "pld", "gdp", "advanced")
 """Curves drawn by `account curve` (Abadi et al. 2016, Figure 2, plus PLD and GDP)."""
+
+STEP_SEARCH_CAP = 10**9
+"""`account steps` searches up to this many steps; beyond it the answer says "more than"."""
+
+MAX_CURVE_POINTS = 10_000
+"""Most epochs `account curve` evaluates."""
 
 CURVE_LABELS = {
     "rdp": "RDP / moments accountant (upper bound)",
@@ -71,7 +77,7 @@ def epsilon_command(
 
     def run() -> None:
         name = _accountant_name(accountant)
-        sigma = check.positive("noise multiplier", noise_multiplier)
+        sigma = check.noise_multiplier(noise_multiplier)
         q = check.sample_rate(sample_rate)
         d = check.delta(delta)
         t = _resolve_steps(steps, epochs, q)
@@ -119,7 +125,7 @@ def noise_command(
 
     def run() -> None:
         name = _accountant_name(accountant)
-        eps = check.positive("epsilon", epsilon)
+        eps = check.target_epsilon(epsilon, "epsilon")
         q = check.sample_rate(sample_rate)
         d = check.delta(delta)
         t = _resolve_steps(steps, epochs, q)
@@ -158,17 +164,18 @@ def steps_command(
 
     def run() -> None:
         name = _accountant_name(accountant)
-        sigma = check.positive("noise multiplier", noise_multiplier)
+        sigma = check.noise_multiplier(noise_multiplier)
         q = check.sample_rate(sample_rate)
-        eps = check.positive("epsilon", epsilon)
+        eps = check.target_epsilon(epsilon, "epsilon")
         d = check.delta(delta)
         with _stderr().status(f"searching the step budget with {name}..."):
-            t = int(max_steps(sigma, q, eps, d, accountant=name))
+            t, capped = step_budget(sigma, q, eps, d, accountant=name, limit=STEP_SEARCH_CAP)
         if json_output:
             _emit_json(
                 {
                     "steps": t,
                     "epochs": t * q,
+                    "capped": capped,
                     "noise_multiplier": sigma,
                     "sample_rate": q,
                     "epsilon": eps,
@@ -179,6 +186,11 @@ def steps_command(
             return
         if t < 1:
             typer.echo(f"not even one step fits in ε = {eps:g} at δ = {d:g}  [{name}]")
+        elif capped:
+            typer.echo(
+                f"more than {t} steps ({t * q:.4g} epochs; the search cap) fit in ε ≤ {eps:g} "
+                f"at δ = {d:g}  [{name}]  σ = {sigma:g}, q = {q:g}"
+            )
         else:
             typer.echo(
                 f"at most {t} steps ({t * q:.4g} epochs) for ε ≤ {eps:g} at δ = {d:g}  "
@@ -186,6 +198,18 @@ def steps_command(
             )
 
     _guarded(run)
+
+
+def _check_plot_path(plot: Path) -> None:
+    """Refuse a --plot that is not a writable file path, before any work."""
+    if not str(plot).strip():
+        raise PrivacyParameterError("--plot must be a file path, got ''")
+    if plot.is_dir():
+        raise PrivacyParameterError(f"--plot {plot} is a folder; give a .png file path")
+    if plot.suffix.lower() != ".png":
+        raise PrivacyParameterError(f"--plot must end in .png, got {plot}")
+    if not plot.resolve().parent.is_dir():
+        raise PrivacyParameterError(f"cannot write plot: no directory {plot.parent}")
 
 
 def _curve(
@@ -259,13 +283,15 @@ def curve_command(
     """ε against epochs for RDP, PLD, GDP and advanced composition (Abadi et al. 2016, Fig. 2)."""
 
     def run() -> None:
-        sigma = check.positive("noise multiplier", noise_multiplier)
+        sigma = check.noise_multiplier(noise_multiplier)
         q = check.sample_rate(sample_rate)
         d = check.delta(delta)
         last = check.positive("epochs", epochs)
         n = check.count(points, "points")
-        if plot is not None and not plot.resolve().parent.is_dir():
-            raise PrivacyParameterError(f"cannot write plot: no directory {plot.parent}")
+        if n > MAX_CURVE_POINTS:
+            raise PrivacyParameterError(f"points must be at most {MAX_CURVE_POINTS}, got {n}")
+        if plot is not None:
+            _check_plot_path(plot)
         grid = [last * (i + 1) / n for i in range(n)]
         steps = [steps_from_epochs(e, q) for e in grid]
         curves: dict[str, list[float]] = {}
@@ -309,6 +335,44 @@ def curve_command(
         Console(highlight=False, markup=False).print(table)
         typer.echo(f"note: gdp is {CURVE_LABELS['gdp']}")
         if plot is not None:
-            _stderr().print(f"wrote {plot}")
+            _stderr().print(f"wrote {plot}", markup=False, highlight=False)
+
+    _guarded(run)
+
+
+@account_app.command("model")
+def model_command(
+    path: Annotated[Path, typer.Argument(help="A model folder written by `privacylab train`.")],
+    accountant: AccountantOpt = DEFAULT_ACCOUNTANT,
+    delta: Annotated[
+        float | None, typer.Option("--delta", help="δ, in (0, 1) (default: the run's δ).")
+    ] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Re-account a saved model: ε of the privacy event its training actually executed (recorded
+    in its sidecar), with any accountant."""
+
+    def run() -> None:
+        from privacylab.training import reaccount
+
+        name = _accountant_name(accountant)
+        d = None if delta is None else check.delta(delta)
+        g = reaccount(path, accountant=name, delta=d)
+        if json_output:
+            _emit_json(
+                {
+                    "model": str(path),
+                    "epsilon": float(g.epsilon),
+                    "delta": g.delta,
+                    "accountant": g.accountant,
+                    "order": None if g.order is None else float(g.order),
+                    "note": g.note,
+                }
+            )
+            return
+        order = f", Rényi order {g.order:g}" if g.order is not None else ""
+        typer.echo(f"ε = {_fmt(g.epsilon)} at δ = {g.delta:g}  [{g.accountant}{order}]  {path}")
+        if g.note:
+            typer.echo(f"note: {g.note}")
 
     _guarded(run)
