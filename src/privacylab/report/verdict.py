@@ -197,7 +197,7 @@ def risk_scores(
             "index": None if index_list is None else int(index_list[i]),
             "label": label_list[i],
             "risk": round(float(risk[i]), 4),
-            "score": float(result.scores[i]),
+            "score": float(result.scores[i]) if np.isfinite(result.scores[i]) else None,
         }
         for i in order
     ]

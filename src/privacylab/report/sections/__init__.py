@@ -2,8 +2,10 @@
 
 A section is an object with a `key`, a `title`, an `order` (position on the page, smaller
 first), `applies(payload)` (whether the payload holds anything for it) and
-`render(folder, payload) -> str` (an HTML fragment; images are plain file names in `folder`).
-Registering one is one module in this package::
+`render(folder, payload) -> str` (an HTML fragment; images are plain file names in `folder`),
+and optionally `css`, a string added to the page's style sheet. The page links each applying
+section from its top by `key` (the fragment should be `<section id="{key}">`). Registering one
+is one module in this package::
 
     from privacylab.report.sections import register_section
 

@@ -59,6 +59,10 @@ def _audited(row: Mapping[str, Any]) -> str:
 class AuditSection:
     """DP-SGD audits of the run: one row per (ε, method), pass/fail against the accountant."""
 
+    css = """
+td.pass { color: #1b7f3b; font-weight: 600; }
+td.fail { color: #a40000; font-weight: 700; }
+"""
     key = "audit"
     title = "Audit of DP-SGD"
     order = 50
@@ -70,7 +74,10 @@ class AuditSection:
     def render(self, folder: Path, payload: Mapping[str, Any]) -> str:
         """The audit table, red where the lower bound refutes the accountant."""
         rows = _rows(payload)
-        head = "".join(f"<th>{e(h)}</th>" for _, h in AUDIT_COLUMNS)
+        head = "".join(
+            f'<th class="text">{e(h)}</th>' if k in {"method", "audited"} else f"<th>{e(h)}</th>"
+            for k, h in AUDIT_COLUMNS
+        )
         body = []
         for row in rows:
             passed = audit_passed(row)
@@ -85,7 +92,12 @@ class AuditSection:
                     x = number(value)
                     text = f"{x:.3f}" if x is not None and key != "trials" else value
                     text = MISSING if text is None else str(text)
-                cells.append(f"<td>{e(text)}</td>")
+                klass = ""
+                if key in {"method", "audited"}:
+                    klass = ' class="text"'
+                elif key == "result" and passed is not None:
+                    klass = ' class="pass"' if passed else ' class="fail"'
+                cells.append(f"<td{klass}>{e(text)}</td>")
             style = ' class="violation"' if passed is False else ""
             body.append(f"<tr{style}>{''.join(cells)}</tr>")
         models = sorted({_audited(r) for r in rows} - {MISSING})

@@ -126,6 +126,9 @@ def _cell(key: str, attack: Mapping[str, Any]) -> str:
         return f'<td class="text" data-sort="{e(text)}">{e(text)}</td>'
     x = number(value)
     sort = "-Infinity" if x is None else repr(x)
+    if key == "queries" and x == 0 and attack.get("access") == "white-box":
+        tip = "white-box: reads the model's weights and gradients, which are not counted queries"
+        return f'<td data-sort="0" title="{e(tip)}">0 (weights)</td>'
     if key in {"queries", "examples"}:
         text = fmt_int(value)
     elif key == "seconds":
@@ -177,7 +180,7 @@ def _score(value: Any) -> str:
     return MISSING if x is None else f"{x:.4g}"
 
 
-def _exposed_html(target: Mapping[str, Any]) -> str:
+def _exposed_html(target: Mapping[str, Any], threshold: float) -> str:
     risk = target.get("risk")
     if not isinstance(risk, Mapping):
         return ""
@@ -185,16 +188,21 @@ def _exposed_html(target: Mapping[str, Any]) -> str:
     if not rows:
         return ""
     has_index = any(r.get("index") is not None for r in rows)
-    head = (
-        "<th>rank</th>"
-        + ("<th>dataset row</th>" if has_index else "<th>candidate #</th>")
-        + "<th>label</th><th>risk</th><th>score</th>"
+    lines = (
+        ("rank", [str(i) for i in range(1, len(rows) + 1)]),
+        (
+            "dataset row" if has_index else "candidate #",
+            [fmt_int(r.get("index") if has_index else r.get("candidate")) for r in rows],
+        ),
+        ("label", [fmt_int(r.get("label")) for r in rows]),
+        ("risk", [fmt(r.get("risk"), 4) for r in rows]),
+        ("score", [_score(r.get("score")) for r in rows]),
     )
     body = "".join(
-        f"<tr><td>{i}</td><td>{e(fmt_int(r.get('index') if has_index else r.get('candidate')))}"
-        f"</td><td>{e(fmt_int(r.get('label')))}</td><td>{e(fmt(r.get('risk'), 4))}</td>"
-        f"<td>{e(_score(r.get('score')))}</td></tr>"
-        for i, r in enumerate(rows, 1)
+        f'<tr><th scope="row" class="text">{e(head)}</th>'
+        + "".join(f"<td>{e(v)}</td>" for v in values)
+        + "</tr>"
+        for head, values in lines
     )
     where = "its row in the dataset" if has_index else "its position among the candidates"
     note = (
@@ -203,9 +211,14 @@ def _exposed_html(target: Mapping[str, Any]) -> str:
         "candidates (1 = the most confident “member” guess). results.json holds the risk of "
         "every candidate under targets[].risk."
     )
+    if target_verdict(target, threshold)["leaks"] is False:
+        note += (
+            " This target passes: these are the attack's most confident guesses, not evidence "
+            "that these examples leak."
+        )
     return (
         f'<h4>Most exposed examples</h4>\n<p class="small">{e(note)}</p>\n'
-        f'<table class="exposed"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        f'<table class="exposed"><tbody>{body}</tbody></table>'
     )
 
 
@@ -277,7 +290,7 @@ def _target_html(folder: Path, target: Mapping[str, Any], threshold: float) -> s
     )
     if roc:
         parts.append(roc)
-    parts.append(_exposed_html(target))
+    parts.append(_exposed_html(target, threshold))
     parts.append(_histograms_html(folder, target))
     parts.append("</section>")
     return "\n".join(p for p in parts if p)
