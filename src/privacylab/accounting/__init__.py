@@ -9,6 +9,7 @@ from privacylab.accounting.calibration import (
     calibrate_noise_multiplier,
     make_accountant,
     max_steps,
+    step_budget,
     steps_from_epochs,
 )
 from privacylab.accounting.composition import (
@@ -50,5 +51,6 @@ __all__ = [
     "dp_sgd",
     "make_accountant",
     "max_steps",
+    "step_budget",
     "steps_from_epochs",
 ]

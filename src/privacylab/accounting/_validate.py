@@ -39,6 +39,47 @@ def nonnegative(name: str, value: object) -> float:
     return number
 
 
+MIN_NOISE_MULTIPLIER = 1e-6
+MAX_NOISE_MULTIPLIER = 1e6
+"""Noise multipliers the accountants take: below 1e-6 ε is astronomically large (and 1/σ²
+overflows near 1e-154), above 1e6 ε is 0 to double precision (and σ² overflows near 1e154)."""
+
+MAX_TARGET_EPSILON = 1e4
+"""Largest target ε that noise calibration and the step budget search for."""
+
+MAX_STEPS = 10**12
+"""Largest number of composed steps accounted."""
+
+
+def noise_multiplier(value: object, name: str = "noise multiplier") -> float:
+    """Return σ in [1e-6, 1e6], or raise PrivacyParameterError."""
+    number = positive(name, value)
+    if not MIN_NOISE_MULTIPLIER <= number <= MAX_NOISE_MULTIPLIER:
+        raise PrivacyParameterError(
+            f"{name} must be in [{MIN_NOISE_MULTIPLIER:g}, {MAX_NOISE_MULTIPLIER:g}], got {value!r}"
+        )
+    return number
+
+
+def target_epsilon(value: object, name: str = "target epsilon") -> float:
+    """Return a target ε in (0, 1e4], or raise PrivacyParameterError."""
+    number = positive(name, value)
+    if number > MAX_TARGET_EPSILON:
+        raise PrivacyParameterError(
+            f"{name} must be at most {MAX_TARGET_EPSILON:g} (larger budgets mean no privacy), "
+            f"got {value!r}"
+        )
+    return number
+
+
+def steps(value: object, name: str = "steps") -> int:
+    """Return a step count in [1, 1e12], or raise PrivacyParameterError."""
+    number = count(value, name)
+    if number > MAX_STEPS:
+        raise PrivacyParameterError(f"{name} must be at most {MAX_STEPS:g}, got {value!r}")
+    return number
+
+
 def sample_rate(value: object, name: str = "sample rate") -> float:
     """Return a sampling probability in (0, 1], or raise PrivacyParameterError."""
     number = _as_float(name, value)

@@ -23,31 +23,33 @@ from privacylab.accounting.events import dp_sgd
 from privacylab.accounting.gdp import GdpAccountant
 from privacylab.accounting.pld import PldAccountant
 from privacylab.accounting.rdp import RdpAccountant
+from privacylab.registry import Registry
 
-ACCOUNTANTS: dict[str, Callable[[], Accountant]] = {
-    "rdp": lambda: RdpAccountant(conversion="tight"),
-    "rdp-classic": lambda: RdpAccountant(conversion="classic"),
-    "pld": PldAccountant,
-    "gdp": GdpAccountant,
-    "naive": NaiveCompositionAccountant,
-    "advanced": AdvancedCompositionAccountant,
-}
+ACCOUNTANTS: Registry[Callable[[], Accountant]] = Registry(
+    "accountant", error=check.PrivacyParameterError
+)
+"""Accountant factories by name (a read-only mapping; see `privacylab.registry`)."""
+ACCOUNTANTS.register("rdp", lambda: RdpAccountant(conversion="tight"))
+ACCOUNTANTS.register("rdp-classic", lambda: RdpAccountant(conversion="classic"))
+ACCOUNTANTS.register("pld", PldAccountant)
+ACCOUNTANTS.register("gdp", GdpAccountant)
+ACCOUNTANTS.register("naive", NaiveCompositionAccountant)
+ACCOUNTANTS.register("advanced", AdvancedCompositionAccountant)
 
 
 def make_accountant(name: str) -> Accountant:
     """A fresh accountant by name: rdp, rdp-classic, pld, gdp, naive or advanced."""
-    try:
-        return ACCOUNTANTS[str(name).lower()]()
-    except KeyError:
-        raise check.PrivacyParameterError(
-            f"unknown accountant {name!r}; choose one of {', '.join(ACCOUNTANTS)}"
-        ) from None
+    return ACCOUNTANTS.make(name)
 
 
 def steps_from_epochs(epochs: float, sample_rate: float) -> int:
     """Number of steps in `epochs` passes with Poisson rate q: ceil(epochs / q)."""
     e = check.positive("epochs", epochs)
     q = check.sample_rate(sample_rate)
+    if e / q > check.MAX_STEPS:
+        raise check.PrivacyParameterError(
+            f"{e:g} epochs at sample rate {q:g} is more than {check.MAX_STEPS:g} steps"
+        )
     return max(1, math.ceil(e / q - 1e-9))
 
 
@@ -78,10 +80,10 @@ def calibrate_noise_multiplier(
     Brent's method on log σ ↦ log ε(σ) − log ε_target, which is smooth and decreasing; the σ
     returned is checked to meet the target.
     """
-    target = check.positive("target epsilon", target_epsilon)
+    target = check.target_epsilon(target_epsilon)
     d = check.delta(delta)
     q = check.sample_rate(sample_rate)
-    t = check.count(steps, "steps")
+    t = check.steps(steps)
     make_accountant(accountant)
 
     seen: dict[float, float] = {}
@@ -108,7 +110,7 @@ def calibrate_noise_multiplier(
     while gap(lo) <= 0:
         hi, lo = lo, lo - math.log(2.0)
         if lo < math.log(1e-4):
-            return math.exp(lo)
+            return math.exp(lo)  # a σ below 1e-4 already meets the target: nothing to gain
     xtol = rtol / 2
     root = brentq(gap, lo, hi, xtol=xtol, rtol=4 * np.finfo(float).eps)
     log_sigma = min(root + xtol, hi)
@@ -127,25 +129,44 @@ def max_steps(
 ) -> int:
     """Largest number of DP-SGD steps that stays (target ε, δ)-DP; 0 if even one step does not.
 
-    Exponential then binary search over the step count (ε grows with the steps).
+    Exponential then binary search over the step count (ε grows with the steps). The search
+    stops at `limit`: a return value equal to `limit` means "at least `limit` steps" (see
+    `step_budget`, which says so).
     """
-    sigma = check.positive("noise multiplier", noise_multiplier)
+    return step_budget(noise_multiplier, sample_rate, target_epsilon, delta, accountant, limit)[0]
+
+
+def step_budget(
+    noise_multiplier: float,
+    sample_rate: float,
+    target_epsilon: float,
+    delta: float,
+    accountant: str = "rdp",
+    limit: int = 10**9,
+) -> tuple[int, bool]:
+    """`(steps, capped)`: the largest number of DP-SGD steps within (target ε, δ), found by an
+    exponential then binary search, and whether the search stopped at its cap `limit` (then
+    `steps == limit` fits, and more steps may fit too). Every step count returned is checked."""
+    sigma = check.noise_multiplier(noise_multiplier)
     q = check.sample_rate(sample_rate)
-    target = check.positive("target epsilon", target_epsilon)
+    target = check.target_epsilon(target_epsilon)
     d = check.delta(delta)
+    cap = check.steps(limit, "step search limit")
     make_accountant(accountant)
 
     def fits(steps: int) -> bool:
         return dp_sgd_epsilon(sigma, q, steps, d, accountant) <= target
 
     if not fits(1):
-        return 0
+        return 0, False
     good, bad = 1, 2
-    while fits(bad):
+    while bad <= cap and fits(bad):
         good, bad = bad, bad * 2
-        if bad > limit:
-            return limit
+    if bad > cap:
+        if fits(cap):
+            return cap, True
+        bad = cap
     while bad - good > 1:
         mid = (good + bad) // 2
         good, bad = (mid, bad) if fits(mid) else (good, mid)
-    return good
+    return good, False

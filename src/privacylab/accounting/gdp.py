@@ -194,7 +194,7 @@ class GdpAccountant(Accountant):
             found = _gaussian_of(event)
             assert found is not None
             rate, gaussian = found
-            inverse_variance = 1.0 / gaussian.noise_multiplier**2
+            inverse_variance = 1.0 / check.noise_multiplier(gaussian.noise_multiplier) ** 2
             if rate < 1.0:
                 with np.errstate(over="ignore"):
                     growth = float(np.expm1(inverse_variance))

@@ -70,7 +70,7 @@ class _GaussianPair:
     """A = N(1, σ²), B = N(0, σ²); t = log(A/B) is N(±μ²/2, μ²) with μ = 1/σ."""
 
     def __init__(self, noise_multiplier: float) -> None:
-        self.mu = 1.0 / noise_multiplier
+        self.mu = 1.0 / check.noise_multiplier(noise_multiplier)
 
     def t_range(self, tail: float) -> tuple[float, float]:
         c = -float(ndtri(tail))

@@ -46,6 +46,9 @@ DEFAULT_ORDERS: np.ndarray = np.unique(
 
 CONVERSIONS = ("tight", "classic")
 
+MAX_QUADRATURE_POINTS = 50_000
+"""Largest trapezoidal grid for fractional orders (the grid has 99 rows, one per order)."""
+
 
 def _log_expm1(x: np.ndarray) -> np.ndarray:
     """log(e^x − 1) for x > 0, accurate for tiny and huge x."""
@@ -113,22 +116,41 @@ def rdp_subsampled_gaussian(
     (Mironov 2017, Prop. 7). Orders must be > 1.
     """
     q = check.sample_rate(sample_rate)
-    sigma = check.positive("noise multiplier", noise_multiplier)
+    sigma = check.noise_multiplier(noise_multiplier)
     alphas = _check_orders(orders)
     if q == 1.0:
         return alphas / (2.0 * sigma**2)
-    log_a = np.empty_like(alphas)
+    rdp = np.empty_like(alphas)
     is_int = (alphas == np.round(alphas)) & (alphas <= 1e5)
     if is_int.any():
-        log_a[is_int] = _log_a_integer(q, sigma, alphas[is_int])
+        rdp[is_int] = _log_a_integer(q, sigma, alphas[is_int]) / (alphas[is_int] - 1.0)
     if (~is_int).any():
-        log_a[~is_int] = _log_a_fractional(q, sigma, alphas[~is_int])
-    return log_a / (alphas - 1.0)
+        fractional = alphas[~is_int]
+        step = min(sigma, sigma * sigma) / 10.0
+        if (28.0 * sigma + 2.0 + float(fractional.max())) / step > MAX_QUADRATURE_POINTS:
+            # Too fine a quadrature grid for small σ: RDP is non-decreasing in α (Mironov 2017,
+            # Prop. 9), so its exact value at the integer order ⌈α⌉ bounds order α from above.
+            rdp[~is_int] = _rdp_at_integer_orders_above(q, sigma, fractional)
+        else:
+            rdp[~is_int] = _log_a_fractional(q, sigma, fractional) / (fractional - 1.0)
+    return rdp
+
+
+def _rdp_at_integer_orders_above(q: float, sigma: float, alphas: np.ndarray) -> np.ndarray:
+    """RDP at ⌈α⌉ for each order α: an upper bound on the RDP at α, since the RDP of a
+    mechanism is non-decreasing in α (Mironov 2017, Prop. 9)."""
+    rounded = np.maximum(np.ceil(alphas), 2.0)
+    if rounded.max() > 1e5:
+        raise check.PrivacyParameterError(
+            f"noise multiplier {sigma:g} is too small for Rényi orders above 1e5"
+        )
+    unique, inverse = np.unique(rounded, return_inverse=True)
+    return (_log_a_integer(q, sigma, unique) / (unique - 1.0))[inverse]
 
 
 def rdp_gaussian(noise_multiplier: float, orders: np.ndarray | list[float]) -> np.ndarray:
     """RDP of the Gaussian mechanism: α/(2σ²) (Mironov 2017, Prop. 7)."""
-    sigma = check.positive("noise multiplier", noise_multiplier)
+    sigma = check.noise_multiplier(noise_multiplier)
     return _check_orders(orders) / (2.0 * sigma**2)
 
 

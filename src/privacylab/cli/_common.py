@@ -146,7 +146,7 @@ def _resolve_steps(steps: int | None, epochs: float | None, sample_rate: float) 
     if (steps is None) == (epochs is None):
         raise PrivacyParameterError("give exactly one of --steps or --epochs")
     if steps is not None:
-        return check.count(steps, "steps")
+        return check.steps(steps)
     return steps_from_epochs(check.positive("epochs", epochs), sample_rate)
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import codecs
 import importlib
 import io
+import math
 import pickle
+import pickletools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,21 +61,151 @@ ALLOWED_GLOBALS: dict[tuple[str, str], Callable[[], object]] = {
 }
 
 
+class _PendingDtype:
+    """Stands for `numpy.dtype(spec, align, copy)` until its state arrives: only plain
+    numeric or bytes dtypes of at most 16 bytes (no records, no sub-arrays, no objects)."""
+
+    def __init__(self, spec: object, align: object = False, copy: object = False) -> None:
+        if not isinstance(spec, str) or spec[:1] not in "biufcSU" or len(spec) > 4:
+            raise DataError(f"refusing pickled dtype {spec!r}: only plain numeric dtypes")
+        self.spec = spec
+        self.dtype = self._make("|")
+
+    def _make(self, order: str) -> np.dtype:
+        try:
+            dtype = np.dtype(self.spec).newbyteorder(order if order in "<>" else "=")
+        except (TypeError, ValueError):
+            raise DataError(f"refusing pickled dtype {self.spec!r}") from None
+        if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
+            raise DataError(f"refusing pickled dtype {self.spec!r}: only plain numeric dtypes")
+        if dtype.itemsize > 16:
+            raise DataError(f"refusing pickled dtype {self.spec!r}: items over 16 bytes")
+        return dtype
+
+    def __setstate__(self, state: object) -> None:
+        if not isinstance(state, tuple) or len(state) < 2 or not isinstance(state[1], str):
+            raise DataError("refusing a pickled dtype with an unexpected state")
+        self.dtype = self._make(state[1])
+
+
+def _as_dtype(value: object) -> np.dtype:
+    if isinstance(value, _PendingDtype):
+        return value.dtype
+    raise DataError(f"refusing pickled array of dtype {value!r}")
+
+
+class _PendingArray:
+    """Stands for `numpy.core.multiarray._reconstruct(ndarray, shape, dtype)`: allocates nothing
+    until `__setstate__` brings the data, and then only views the bytes already in the pickle, so
+    no array can be larger than the file it came from."""
+
+    def __init__(self, subtype: object, shape: object, dtype: object) -> None:
+        if subtype is not np.ndarray:
+            raise DataError("refusing to rebuild anything but a plain numpy array")
+        self.array: np.ndarray | None = None
+
+    def __setstate__(self, state: object) -> None:
+        if not isinstance(state, tuple) or len(state) != 5:
+            raise DataError("refusing a pickled array with an unexpected state")
+        _, shape, dtype, fortran, raw = state
+        self.array = _view(raw, _as_dtype(dtype), shape, "F" if fortran else "C")
+
+
+def _view(raw: object, dtype: np.dtype, shape: object, order: str) -> np.ndarray:
+    if isinstance(raw, str):
+        raw = raw.encode("latin-1")
+    if not isinstance(raw, (bytes, bytearray)):
+        raise DataError("refusing a pickled array whose data are not raw bytes")
+    if not isinstance(shape, tuple) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+    ):
+        raise DataError(f"refusing a pickled array of shape {shape!r}")
+    if math.prod(shape) * dtype.itemsize != len(raw):
+        raise DataError(
+            f"a pickled array of shape {shape} and dtype {dtype} does not match its "
+            f"{len(raw)} bytes of data"
+        )
+    return np.frombuffer(raw, dtype=dtype).reshape(shape, order=order)  # type: ignore[call-overload]
+
+
+def _frombuffer_checked(buf: object, dtype: object, shape: object, order: str = "C") -> np.ndarray:
+    """`numpy._core.numeric._frombuffer` (protocol-5 arrays), checked like `_PendingArray`."""
+    real = dtype if isinstance(dtype, np.dtype) else _as_dtype(dtype)
+    return _view(buf, real, shape, "F" if order == "F" else "C")
+
+
+def _resolved(value: object) -> object:
+    """`value` with every `_PendingArray` replaced by its array (dicts, lists and tuples walked)."""
+    if isinstance(value, _PendingArray):
+        if value.array is None:
+            raise DataError("a pickled array has no data")
+        return value.array
+    if isinstance(value, dict):
+        return {k: _resolved(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolved(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_resolved(v) for v in value)
+    return value
+
+
+SAFE_GLOBALS: dict[tuple[str, str], object] = {
+    **{
+        (m, "_reconstruct"): _PendingArray
+        for m in ("numpy.core.multiarray", "numpy._core.multiarray")
+    },
+    **{
+        (m, "_frombuffer"): _frombuffer_checked
+        for m in ("numpy.core.numeric", "numpy._core.numeric")
+    },
+    ("numpy", "ndarray"): np.ndarray,
+    ("numpy", "dtype"): _PendingDtype,
+    ("_codecs", "encode"): _latin1_encode,
+}
+"""What each allowed global resolves to: stand-ins that check sizes before anything is built."""
+
+MEMO_SLACK = 1024
+"""A memo index may run at most this far ahead of the values memoised so far."""
+
+
+def _scan(payload: bytes) -> None:
+    """Walk the opcodes without running any (`pickletools.genops`) and refuse a memo index far
+    beyond the values memoised so far: the C unpickler sizes its memo table by the largest
+    index, so a 10-byte `LONG_BINPUT 2**31` would allocate gigabytes."""
+    stored = 0
+    try:
+        for opcode, arg, _ in pickletools.genops(payload):
+            if opcode.name in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):
+                index = stored if arg is None else int(arg)  # type: ignore[arg-type]
+                if not 0 <= index <= stored + MEMO_SLACK:
+                    raise DataError(f"refusing a pickle memo index {index} (only {stored} stored)")
+                stored += 1
+    except DataError:
+        raise
+    except Exception as error:
+        raise DataError(f"not a readable pickle: {error}") from None
+
+
 class NumpyOnlyUnpickler(pickle.Unpickler):
     """An Unpickler that rebuilds dicts, lists, strings, numbers and numpy arrays, nothing else.
 
     `find_class` resolves only the numpy array reconstruction globals in `ALLOWED_GLOBALS`
     (`_reconstruct`, `_frombuffer`, `ndarray`, `dtype`, and a latin-1-only `_codecs.encode`) and
-    raises DataError for any other global, before anything is called.
+    raises DataError for any other global, before anything is called. Arrays and dtypes are
+    rebuilt through size-checked stand-ins (`SAFE_GLOBALS`), so an array is a view of bytes
+    already in the pickle; `load_numpy_pickle` also scans the opcodes first (`_scan`).
     """
 
     def find_class(self, module: str, name: str) -> object:
-        resolve = ALLOWED_GLOBALS.get((module, name))
-        if resolve is None:
+        if (module, name) not in ALLOWED_GLOBALS:
             raise DataError(
                 f"refusing to unpickle global {module}.{name}: only numpy arrays are allowed"
             )
-        return resolve()
+        return SAFE_GLOBALS[(module, name)]
+
+    def load(self) -> object:
+        """Unpickle, then replace each array stand-in by its array."""
+        return _resolved(super().load())
 
     def persistent_load(self, pid: object) -> object:
         raise DataError("refusing to unpickle a persistent id: only numpy arrays are allowed")
@@ -87,6 +219,7 @@ def load_numpy_pickle(path: str | Path) -> object:
     except OSError as error:
         raise DataError(f"cannot read {path}: {error}") from None
     try:
+        _scan(payload)
         return NumpyOnlyUnpickler(io.BytesIO(payload), encoding="latin1").load()
     except DataError as error:
         raise DataError(f"{path}: {error}") from None
