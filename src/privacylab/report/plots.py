@@ -23,7 +23,7 @@ from privacylab.report._format import atomic_write_bytes
 from privacylab.report.metrics import auc, roc_curve, tpr_at_fpr
 
 if TYPE_CHECKING:
-    from privacylab.attacks.membership.result import MembershipResult
+    from privacylab.report.metrics import ScoredResult
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DPI = 110
@@ -54,7 +54,7 @@ def line_style(i: int) -> tuple[str, Any]:
     return COLORS[i % len(COLORS)], LINESTYLES[(i // len(COLORS) + i) % len(LINESTYLES)]
 
 
-def roc_plot(results: Sequence[MembershipResult], title: str) -> Figure:
+def roc_plot(results: Sequence[ScoredResult], title: str) -> Figure:
     """The figure of `roc_figure` (for tests that measure its legend)."""
     if len(results) == 0:
         raise ValueError("roc_figure needs at least one result")
@@ -105,7 +105,7 @@ def roc_plot(results: Sequence[MembershipResult], title: str) -> Figure:
     return fig
 
 
-def roc_figure(results: Sequence[MembershipResult], title: str) -> bytes:
+def roc_figure(results: Sequence[ScoredResult], title: str) -> bytes:
     """PNG of the ROC curves of several attacks on one log-log plot, legend below the axes.
 
     Log-log axes follow Carlini et al. 2022 ("Membership Inference Attacks From First
@@ -117,7 +117,7 @@ def roc_figure(results: Sequence[MembershipResult], title: str) -> bytes:
     return _to_png(roc_plot(results, title))
 
 
-def histogram_informative(result: MembershipResult) -> bool:
+def histogram_informative(result: ScoredResult) -> bool:
     """Whether a histogram of the attack's scores shows anything: at least 10 distinct finite
     values, none holding more than half the examples (not a single spike or a 0/1 attack)."""
     scores = np.asarray(result.scores, dtype=np.float64).reshape(-1)
@@ -128,7 +128,7 @@ def histogram_informative(result: MembershipResult) -> bool:
     return counts.size >= 10 and counts.max() <= 0.5 * values.size
 
 
-def histogram_figure(result: MembershipResult, title: str) -> bytes:
+def histogram_figure(result: ScoredResult, title: str) -> bytes:
     """PNG of the member and non-member score counts of one attack, overlaid, log-scale counts.
 
     Both histograms share 50 bins; infinite scores are left out and counted in the legend.

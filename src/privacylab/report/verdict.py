@@ -25,7 +25,7 @@ from scipy.stats import rankdata
 from privacylab.report.metrics import clopper_pearson
 
 if TYPE_CHECKING:
-    from privacylab.attacks.membership.result import MembershipResult
+    from privacylab.report.metrics import ScoredResult
 
 VERDICT_METRIC = "tpr_at_01pct_fpr"
 VERDICT_FPR = 1e-3
@@ -162,7 +162,7 @@ def target_verdict(
 
 
 def risk_scores(
-    results: Sequence[MembershipResult],
+    results: Sequence[ScoredResult],
     metrics: Sequence[Mapping[str, Any]],
     *,
     labels: Any,
