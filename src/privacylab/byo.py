@@ -33,6 +33,7 @@ from privacylab.data import Dataset, load_dataset
 from privacylab.data.arrays import save_arrays
 from privacylab.experiment import Progress, RunConfig, model_game, run_experiment
 from privacylab.models.factory import absolute_reference, build_from_factory, load_weights
+from privacylab.report.verdict import check_threshold
 from privacylab.training import PrivacyConfig, TrainConfig
 
 DataLike = Dataset | str | Path | tuple[Any, Any, Any, Any]
@@ -185,6 +186,7 @@ def report_own_model(
     config: RunConfig | None = None,
     cache: str | Path | None = None,
     progress: Progress | None = None,
+    verdict_threshold: float = 0.002,
 ) -> dict[str, Any]:
     """Attack your trained model with the membership suite and write the report to `out`.
 
@@ -193,9 +195,11 @@ def report_own_model(
     has a privacy section) or by `train_fn(model, x, y)`; they are stored in `cache` (default
     `out/cache`) as each finishes, so a killed run resumes. `outputs` says what the model returns:
     "logits" (checked) or "probabilities" (a model ending in softmax). `epsilon` is the ε you claim
-    for the model, shown beside the attacks' ε lower bounds. Returns the report payload
+    for the model, shown beside the attacks' ε lower bounds. The verdict fails the model when an
+    attack finds more than `verdict_threshold` of members at 0.1% FPR. Returns the report payload
     (`results.json`).
     """
+    check_threshold(verdict_threshold)
     if outputs not in ("logits", "probabilities"):
         raise AttackError(f"outputs must be logits or probabilities, got {outputs!r}")
     config = config if config is not None else own_model_config()
@@ -229,7 +233,14 @@ def report_own_model(
         progress=progress,
     )
     config.dataset, config.model, config.model_options = data_name, reference, {}
-    return run_experiment(config, out, cache=cache_dir, progress=progress, games=[game])
+    return run_experiment(
+        config,
+        out,
+        cache=cache_dir,
+        progress=progress,
+        games=[game],
+        verdict_threshold=verdict_threshold,
+    )
 
 
 def recipe_from_options(

@@ -257,6 +257,8 @@ class Game:
     task: MembershipTask
     membership: np.ndarray
     test_accuracy: float
+    candidates: np.ndarray | None = None
+    """Dataset row of each candidate (the report's "most exposed examples" name rows by it)."""
 
 
 def prepare_games(
@@ -315,7 +317,7 @@ def prepare_games(
             task = _task(data, candidates, split.population, pool.models, keep)
             nonmembers = split.target_nonmembers
             accuracy = _accuracy(target, data.features[nonmembers], data.labels[nonmembers])
-            yield Game(name, recipe, trained[key], target, task, membership, accuracy)
+            yield Game(name, recipe, trained[key], target, task, membership, accuracy, candidates)
 
 
 def run_experiment(
@@ -608,7 +610,7 @@ def model_game(
         "train_accuracy": _accuracy(target, data.features[members], data.labels[members]),
         "epsilon": epsilon,
     }
-    return Game(name, recipe, record, target, task, membership, accuracy)
+    return Game(name, recipe, record, target, task, membership, accuracy, candidates)
 
 
 def _outputs(outputs: str) -> dict[str, Any]:

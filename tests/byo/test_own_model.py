@@ -71,11 +71,16 @@ def test_user_model_cli_python_and_zoo_paths_agree(user_files, tmp_path):
             "--data", str(user_files["data"]), "--references", "4", "--workers", "1",
             "--epochs", "4", "--batch-size", "64", "--lr", "0.1",
             "--attacks", ",".join(ATTACKS), "--out", str(tmp_path / "cli"), "--json",
+            "--verdict-threshold", "0.01",
         ],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     cli = json.loads(result.stdout)
     assert (tmp_path / "cli" / "index.html").is_file()
+    assert cli["verdict_threshold"] == 0.01 and python["verdict_threshold"] == 0.002
+    # the most exposed examples are named by their row in the user's data
+    (target,) = cli["targets"]
+    assert "verdict" in target and "risk" in target
 
     data = load_arrays(user_files["data"])
     zoo = build_model("mlp", (1, 8, 8), 10, widths=(32,), activation="tanh")

@@ -100,6 +100,14 @@ def run_command(
         float | None,
         typer.Option("--epsilon", help="Your model: the ε it was trained at (DP references)."),
     ] = None,
+    verdict_threshold: Annotated[
+        float,
+        typer.Option(
+            "--verdict-threshold",
+            help="A target fails when an attack finds more than this fraction of members at "
+            "0.1% FPR (95% confidence over all attacks).",
+        ),
+    ] = 0.002,
     json_output: JsonOpt = False,
 ) -> None:
     """Train a non-private and DP-SGD targets, attack each with the membership suite (metric,
@@ -107,6 +115,9 @@ def run_command(
     --model-factory, --weights and --data: the same report for your own trained model."""
 
     def run() -> None:
+        from privacylab.report.verdict import check_threshold
+
+        check_threshold(verdict_threshold)
         if model_factory is not None or weights is not None or data is not None:
             _run_own_model()
             return
@@ -131,7 +142,9 @@ def run_command(
         config = RunConfig.quick(**options) if quick else RunConfig(**options)
         config.validate()
         with _Stages(_stderr()) as stages:
-            payload = run_experiment(config, out, cache=cache, progress=stages)
+            payload = run_experiment(
+                config, out, cache=cache, progress=stages, verdict_threshold=verdict_threshold
+            )
         if json_output:
             _emit_json(payload)
             return
@@ -182,6 +195,7 @@ def run_command(
                 config=config,
                 cache=cache,
                 progress=stages,
+                verdict_threshold=verdict_threshold,
             )
         if json_output:
             _emit_json(payload)
