@@ -5,11 +5,18 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from privacylab.models.errors import ModelError
+
+MAX_WIDTH = 1 << 20
+"""Widest hidden layer a builder accepts."""
+
+MAX_PARAMETERS = 10**9
+"""Most parameters a model may have (4 GB of float32 weights)."""
 
 ACTIVATIONS: dict[str, type[nn.Module]] = {"relu": nn.ReLU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}
 
@@ -48,7 +55,12 @@ def widths(value: object, model: str) -> tuple[int, ...]:
     """Hidden-layer widths as a tuple of ints >= 1 (possibly empty), or ModelError."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         raise ModelError(f"{model}: widths must be a list of positive ints, got {value!r}")
-    return tuple(positive_int("widths entries", w, model) for w in value)
+    sizes = tuple(positive_int("widths entries", w, model) for w in value)
+    if any(w > MAX_WIDTH for w in sizes):
+        raise ModelError(
+            f"{model}: widths entries must be at most {MAX_WIDTH:,}, got {list(sizes)}"
+        )
+    return sizes
 
 
 def dropout(value: object, model: str) -> float:
@@ -77,3 +89,28 @@ def flat_size(features: nn.Module, input_shape: tuple[int, ...], model: str) -> 
         except RuntimeError:
             raise ModelError(f"{model}: input_shape {input_shape} is too small") from None
     return int(out[0].numel())
+
+
+def parameter_shapes(
+    name: str, input_shape: Sequence[int], num_classes: int, options: dict[str, Any]
+) -> dict[str, tuple[int, ...]] | None:
+    """The state-dict shapes model `name` would have, found by building it on the meta device
+    (no memory is allocated); ModelError for a bad name or option or more than
+    `MAX_PARAMETERS` parameters. None when the builder cannot run on the meta device."""
+    from privacylab.models.registry import build_model
+
+    try:
+        with torch.device("meta"):
+            model = build_model(name, input_shape, num_classes, **options)
+    except ModelError:
+        raise
+    except Exception:
+        return None
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    count = sum(p.numel() for p in model.parameters())
+    if count > MAX_PARAMETERS:
+        raise ModelError(
+            f"model {name!r} with options {options} would have {count:,} parameters, more than "
+            f"the {MAX_PARAMETERS:,} allowed"
+        )
+    return shapes

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 from safetensors.torch import load, save
 from torch import nn
 
+from privacylab.models._checks import parameter_shapes
 from privacylab.models.errors import ModelError
 from privacylab.models.spec import ModelSpec
 
@@ -118,14 +120,25 @@ def load_model(
     metadata = sidecar.get("metadata", {})
     if not isinstance(metadata, dict):
         raise ModelError(f"corrupt model sidecar {sidecar_path}: metadata is not an object")
-    weights_name = str(sidecar.get("weights", WEIGHTS_FILE))
+    weights_name = sidecar.get("weights", WEIGHTS_FILE)
+    if not isinstance(weights_name, str) or not weights_name:
+        raise ModelError(f"corrupt model sidecar {sidecar_path}: weights is not a file name")
     weights = folder / weights_name
     if weights.name != weights_name or not weights.is_file():
         raise ModelError(f"no weights file {weights} next to {sidecar_path}")
-    blob = weights.read_bytes()
     expected = sidecar.get("sha256")
+    if expected is not None and not isinstance(expected, str):
+        raise ModelError(f"corrupt model sidecar {sidecar_path}: sha256 is not a string")
+    try:
+        blob = weights.read_bytes()
+    except OSError as error:
+        raise ModelError(f"cannot read weights file {weights}: {error.strerror}") from None
     if expected is not None and hashlib.sha256(blob).hexdigest() != expected:
         raise ModelError(f"weights file {weights} does not match the sha256 in {sidecar_path}")
+    shapes = parameter_shapes(spec.name, spec.input_shape, spec.num_classes, spec.options)
+    header = _safetensors_header(blob, weights)
+    if shapes is not None:
+        _check_shapes(spec, shapes, header, str(weights))
     try:
         tensors = load(blob)
     except Exception as error:
@@ -136,8 +149,78 @@ def load_model(
     return model.to(device).eval(), spec, metadata
 
 
+MAX_SIDECAR_BYTES = 64 * 1024**2
+"""Largest sidecar read (a sidecar holds a spec and metadata: kilobytes)."""
+
+MAX_HEADER_BYTES = 100 * 1024**2
+"""Largest safetensors header read (the format's own limit)."""
+
+SAFETENSORS_DTYPES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "I16": 2, "U16": 2, "F16": 2,
+    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+"""Item size of each safetensors dtype."""
+
+
+def _safetensors_header(blob: bytes, path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """`{name: (dtype, shape)}` from a safetensors file's JSON header, checked against the
+    file's size (every tensor's bytes inside the file, sizes matching shapes) before any tensor
+    is built: a damaged file is refused without allocating what it claims."""
+    bad = f"corrupt weights file {path}"
+    size = len(blob)
+    if size < 8:
+        raise ModelError(f"{bad}: shorter than a safetensors header")
+    length = int.from_bytes(blob[:8], "little")
+    if length > min(MAX_HEADER_BYTES, size - 8):
+        raise ModelError(f"{bad}: header of {length:,} bytes in a {size:,}-byte file")
+    raw = blob[8 : 8 + length]
+    try:
+        header = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ModelError(f"{bad}: header is not JSON") from None
+    if not isinstance(header, dict):
+        raise ModelError(f"{bad}: header is not a JSON object")
+    data = size - 8 - length
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(entry, dict):
+            raise ModelError(f"{bad}: entry {name!r} is not an object")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in SAFETENSORS_DTYPES:
+            raise ModelError(f"{bad}: tensor {name!r} has unknown dtype {dtype!r}")
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise ModelError(f"{bad}: tensor {name!r} has shape {shape!r}")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1] <= data
+            or offsets[1] - offsets[0] != math.prod(shape) * SAFETENSORS_DTYPES[dtype]
+        ):
+            raise ModelError(f"{bad}: tensor {name!r} does not fit its bytes in the file")
+        out[name] = (dtype, tuple(shape))
+    return out
+
+
+def _check_shapes(
+    spec: ModelSpec,
+    reference: Mapping[str, tuple[int, ...]],
+    header: Mapping[str, tuple[str, tuple[int, ...]]],
+    where: str,
+) -> None:
+    _check_fits_shapes(spec, reference, {k: shape for k, (_, shape) in header.items()}, where)
+
+
 def _read_sidecar(path: Path) -> dict[str, Any]:
     try:
+        if path.stat().st_size > MAX_SIDECAR_BYTES:
+            raise ModelError(
+                f"corrupt model sidecar {path}: larger than {MAX_SIDECAR_BYTES:,} bytes"
+            )
         sidecar = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ModelError(f"corrupt model sidecar {path}: {error}") from None
@@ -156,12 +239,21 @@ def _check_fits(
     spec: ModelSpec, model: nn.Module, tensors: Mapping[str, torch.Tensor], where: str
 ) -> None:
     reference = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    _check_fits_shapes(spec, reference, {k: tuple(v.shape) for k, v in tensors.items()}, where)
+
+
+def _check_fits_shapes(
+    spec: ModelSpec,
+    reference: Mapping[str, tuple[int, ...]],
+    tensors: Mapping[str, tuple[int, ...]],
+    where: str,
+) -> None:
     missing = sorted(set(reference) - set(tensors))
     unexpected = sorted(set(tensors) - set(reference))
     resized = sorted(
-        f"{k} {tuple(tensors[k].shape)} != {reference[k]}"
+        f"{k} {tensors[k]} != {reference[k]}"
         for k in set(reference) & set(tensors)
-        if tuple(tensors[k].shape) != reference[k]
+        if tensors[k] != reference[k]
     )
     problems = [
         f"{label}: {', '.join(items[:5])}{' ...' if len(items) > 5 else ''}"
