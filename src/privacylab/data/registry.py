@@ -7,27 +7,22 @@ from pathlib import Path
 
 from privacylab.data.dataset import Dataset
 from privacylab.data.errors import DataError
+from privacylab.registry import Registry
 
 Loader = Callable[[Path | None], Dataset]
 
-_LOADERS: dict[str, Loader] = {}
+DATASETS: Registry[Loader] = Registry("dataset", error=DataError, choices="available:")
+"""Every dataset by name; `my-digits` and `my_digits` are one name (see `Registry.key`)."""
 
 
 def register_dataset(name: str) -> Callable[[Loader], Loader]:
     """Decorator registering `loader(root) -> Dataset` under `name`."""
-
-    def decorate(loader: Loader) -> Loader:
-        if name in _LOADERS:
-            raise ValueError(f"dataset {name!r} is registered twice")
-        _LOADERS[name] = loader
-        return loader
-
-    return decorate
+    return DATASETS.register(name)
 
 
 def available_datasets() -> list[str]:
     """Names accepted by `load_dataset`, sorted."""
-    return sorted(_LOADERS)
+    return sorted(DATASETS.names())
 
 
 def load_dataset(name: str, root: str | Path | None = None) -> Dataset:
@@ -40,8 +35,6 @@ def load_dataset(name: str, root: str | Path | None = None) -> Dataset:
 
     if is_array_source(name):
         return load_arrays(name)
-    key = str(name).strip().lower().replace("-", "_")
-    if key not in _LOADERS:
-        raise DataError(f"unknown dataset {name!r}; available: {', '.join(available_datasets())}")
+    loader = DATASETS.get(name)
     folder = None if root is None else Path(root).expanduser()
-    return _LOADERS[key](folder)
+    return loader(folder)

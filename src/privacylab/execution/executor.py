@@ -17,6 +17,7 @@ from contextlib import closing
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from privacylab.execution.store import ResultStore, encode_value
+from privacylab.registry import Registry
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -189,6 +190,21 @@ class LocalExecutor:
                     os.environ[name] = value
 
 
+def _ray_executor(workers: int, address: str | None) -> Executor:
+    from privacylab.execution.ray_executor import RayExecutor
+
+    return RayExecutor(workers=workers, address=address)
+
+
+EXECUTOR_FACTORIES: Registry[Callable[[int, str | None], Executor]] = Registry(
+    "executor", choices="choose one of:", sort_choices=False
+)
+"""Executor factories `(workers, address) -> Executor` by name, in the order of EXECUTORS."""
+EXECUTOR_FACTORIES.register("serial", lambda workers, address: SerialExecutor())
+EXECUTOR_FACTORIES.register("local", lambda workers, address: LocalExecutor(workers=workers))
+EXECUTOR_FACTORIES.register("ray", _ray_executor)
+
+
 def make_executor(
     name: str = "local", workers: int | None = None, address: str | None = None
 ) -> Executor:
@@ -207,20 +223,12 @@ def make_executor(
             other than ``"ray"``, or ``"ray"`` without ray installed (one line with the install
             hint).
     """
-    key = str(name).strip().lower()
+    key = EXECUTOR_FACTORIES.canonical(name)
     if address is not None and key != "ray":
         raise ValueError(f"an address is only for the 'ray' executor, not {name!r}")
-    if key == "serial":
-        return SerialExecutor()
     if workers is None:
         workers = max(1, min(os.cpu_count() or 1, 4))
-    if key == "local":
-        return LocalExecutor(workers=workers)
-    if key == "ray":
-        from privacylab.execution.ray_executor import RayExecutor
-
-        return RayExecutor(workers=workers, address=address)
-    raise ValueError(f"unknown executor {name!r}; choose one of: {', '.join(EXECUTORS)}")
+    return EXECUTOR_FACTORIES.make(key, workers, address)
 
 
 def durable_map(

@@ -17,6 +17,7 @@ from torch import nn
 
 from privacylab.models._checks import integer
 from privacylab.models.errors import ModelError
+from privacylab.registry import Registry
 
 PARAMETER_MODULES: tuple[type[nn.Module], ...] = (
     nn.Linear,
@@ -28,24 +29,18 @@ PARAMETER_MODULES: tuple[type[nn.Module], ...] = (
 
 Builder = Callable[..., nn.Module]
 
-_BUILDERS: dict[str, Builder] = {}
+MODELS: Registry[Builder] = Registry("model", error=ModelError, choices="available:")
+"""Every model builder by name (names normalised as `privacylab.registry.Registry.key`)."""
 
 
 def register_model(name: str) -> Callable[[Builder], Builder]:
     """Decorator registering `builder(input_shape, num_classes, **options) -> nn.Module`."""
-
-    def decorate(builder: Builder) -> Builder:
-        if name in _BUILDERS:
-            raise ValueError(f"model {name!r} is registered twice")
-        _BUILDERS[name] = builder
-        return builder
-
-    return decorate
+    return MODELS.register(name)
 
 
 def model_names() -> list[str]:
     """Names accepted by `build_model`, sorted."""
-    return sorted(_BUILDERS)
+    return sorted(MODELS.names())
 
 
 def model_options(name: str) -> dict[str, Any]:
@@ -110,10 +105,7 @@ def build_model(
 
 
 def _builder(name: str) -> Builder:
-    key = str(name).strip().lower()
-    if key not in _BUILDERS:
-        raise ModelError(f"unknown model {name!r}; available: {', '.join(model_names())}")
-    return _BUILDERS[key]
+    return MODELS.get(name)
 
 
 def _options(builder: Builder) -> dict[str, Any]:
