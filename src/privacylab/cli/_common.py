@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -342,3 +344,94 @@ def _floats(text: str, name: str) -> tuple[float, ...]:
         return tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise ValueError(f"{name} must be comma-separated numbers, got {text!r}") from None
+
+
+MAX_LR = 1e3
+"""Largest learning rate accepted (larger ones overflow float32 updates)."""
+
+MAX_EPOCHS = 100_000
+MAX_COUNT = 10**6
+"""Largest trial, reference, row and worker counts accepted on the command line."""
+
+
+def _path_arg(text: str | Path) -> Path:
+    """Typer parser for path options: '' (which `Path` would read as '.') is refused."""
+    if not str(text).strip():
+        raise typer.BadParameter("must be a path, got ''")
+    return Path(text)
+
+
+def _whole_in(value: object, name: str, low: int = 1, high: int = MAX_COUNT) -> int:
+    """`value` as a whole number in [low, high], or one-line PrivacylabError."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise PrivacylabError(f"{name} must be a whole number in [{low}, {high:,}], got {value!r}")
+    return value
+
+
+def _learning_rate(value: float, name: str = "--lr") -> float:
+    """A finite learning rate in (0, MAX_LR]."""
+    if not (math.isfinite(value) and 0 < value <= MAX_LR):
+        raise PrivacylabError(f"{name} must be a finite number in (0, {MAX_LR:g}], got {value!r}")
+    return value
+
+
+def _device(name: str) -> str:
+    """`name` if torch can use it here (cpu, cuda, cuda:N), else one-line PrivacylabError."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError, ValueError):
+        raise PrivacylabError(f"unknown device {name!r}; use cpu or cuda") from None
+    if device.type not in ("cpu", "cuda"):
+        raise PrivacylabError(f"unsupported device {name!r}; use cpu or cuda")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise PrivacylabError(f"--device {name} was asked for but no CUDA device is available")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise PrivacylabError(f"no CUDA device {device.index} on this machine")
+    return name
+
+
+def _writable_folder(path: Path, name: str = "--out") -> Path:
+    """Check, before any work, that folder `path` exists or can be created: it is not a file and
+    its nearest existing ancestor is a writable folder."""
+    if not str(path).strip():
+        raise PrivacylabError(f"{name} must be a folder path, got ''")
+    target = path.expanduser()
+    if target.exists() and not target.is_dir():
+        raise PrivacylabError(f"{name} {path} exists and is not a folder")
+    ancestor = target.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise PrivacylabError(f"{name} {path}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise PrivacylabError(f"{name} {path}: cannot write in {ancestor}")
+    return path
+
+
+def _writable_file(path: Path, name: str) -> Path:
+    """Check, before any work, that file `path` can be written: not a folder, and its folder
+    exists or can be created."""
+    if not str(path).strip():
+        raise PrivacylabError(f"{name} must be a file path, got ''")
+    if path.expanduser().is_dir():
+        raise PrivacylabError(f"{name} {path} is a folder; give a file path")
+    _writable_folder(path.expanduser().parent, name)
+    return path
+
+
+def _model_fits(dataset: str, model: str, options: dict[str, Any], root: str | Path | None) -> None:
+    """Load `dataset` and check that `model` with `options` builds for it within the parameter
+    limit (on the meta device: nothing is allocated), before any training."""
+    from privacylab.data import load_dataset
+    from privacylab.models._checks import parameter_shapes
+
+    data = load_dataset(dataset, root)
+    parameter_shapes(model, data.input_shape, data.num_classes, dict(options))
+
+
+def _say(console: Console, text: str) -> None:
+    """Print `text` on `console` literally: paths like `x[/]y` are not Rich markup."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)

@@ -11,20 +11,52 @@ from privacylab.cli._common import (
     JsonOpt,
     _emit_json,
     _guarded,
+    _path_arg,
     _print_summary,
     _Stages,
     _stderr,
+    _whole_in,
+    _writable_folder,
     app,
 )
+from privacylab.errors import PrivacylabError
 
 attack_app = typer.Typer(help="Attacks on a saved model.", no_args_is_help=True)
 app.add_typer(attack_app, name="attack")
 
 
+def _check_saved_target(target: Path) -> None:
+    """Load the model at `target` and check the training recipe in its sidecar, so that a
+    damaged or hand-edited sidecar is one line here, not a failure in a worker process."""
+    from privacylab.models import load_model
+    from privacylab.training.config import TrainConfig
+
+    if not target.is_dir():
+        raise PrivacylabError(f"--target {target} is not a model folder")
+    _, _, meta = load_model(target)
+    data, training = meta.get("data"), meta.get("training")
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        raise PrivacylabError(f"{target}: the sidecar's metadata.data.name is not a dataset name")
+    if not isinstance(training, dict):
+        raise PrivacylabError(f"{target}: the sidecar's metadata.training is not an object")
+    if not isinstance(training.get("privacy"), dict | None):
+        raise PrivacylabError(f"{target}: the sidecar's training.privacy is not an object")
+    try:
+        TrainConfig.from_dict(training).validate()
+    except TypeError as error:
+        raise PrivacylabError(f"{target}: bad training recipe in the sidecar: {error}") from None
+    summary = meta.get("summary", {})
+    if not isinstance(summary, dict) or not isinstance(summary.get("epsilon"), int | float | None):
+        raise PrivacylabError(f"{target}: the sidecar's metadata.summary is malformed")
+
+
 @attack_app.command("membership")
 def attack_membership_command(
     target: Annotated[
-        Path, typer.Option("--target", help="A model folder written by `privacylab train`.")
+        Path,
+        typer.Option(
+            "--target", help="A model folder written by `privacylab train`.", parser=_path_arg
+        ),
     ],
     attack: Annotated[
         str, typer.Option("--attack", help="Attack name(s), comma-separated, e.g. lira,rmia.")
@@ -47,7 +79,17 @@ def attack_membership_command(
         from privacylab.experiment import attack_target, resolve_attacks, saved_target_game
         from privacylab.report import membership_metrics
 
-        names = resolve_attacks([a for a in attack.split(",") if a.strip()])
+        asked = [a.strip() for a in attack.split(",") if a.strip()]
+        if not asked:
+            raise PrivacylabError("--attack needs at least one attack name, e.g. lira,rmia")
+        names = resolve_attacks(asked)
+        _whole_in(references, "--references")
+        _whole_in(workers, "--workers", 1, 1024)
+        _whole_in(subsample, "--subsample")
+        if root is not None and not root.is_dir():
+            raise PrivacylabError(f"--root {root} is not a folder")
+        _check_saved_target(target)
+        _writable_folder(cache if cache is not None else target / "attack-cache", "--cache")
         with _Stages(_stderr()) as stages:
             game = saved_target_game(
                 target,

@@ -8,20 +8,32 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from privacylab.accounting import _validate as check
 from privacylab.cli._common import (
+    MAX_EPOCHS,
     JsonOpt,
     _accountant_name,
+    _device,
     _emit_json,
     _guarded,
+    _learning_rate,
+    _model_fits,
+    _path_arg,
+    _say,
     _stderr,
+    _whole_in,
     _widths,
+    _writable_folder,
     app,
 )
 
 
 @app.command("train")
 def train_command(
-    out: Annotated[Path, typer.Option("--out", help="Folder for the model and checkpoints.")],
+    out: Annotated[
+        Path,
+        typer.Option("--out", help="Folder for the model and checkpoints.", parser=_path_arg),
+    ],
     dataset: Annotated[str, typer.Option("--dataset", help="Dataset name.")] = "mnist5k",
     model: Annotated[str, typer.Option("--model", help="Model name.")] = "mlp",
     epochs: Annotated[int, typer.Option("--epochs", help="Epochs.")] = 30,
@@ -85,9 +97,21 @@ def train_command(
         from privacylab.training.config import PrivacyConfig, TrainConfig
         from privacylab.training.job import train_job
 
+        _writable_folder(out)
+        _learning_rate(lr)
+        _whole_in(epochs, "--epochs", 1, MAX_EPOCHS)
+        _whole_in(batch_size, "--batch-size", 1, 10**7)
+        _whole_in(seed, "--seed", 0, 2**63 - 1)
+        _device(device)
         privacy = None
         if dp:
             _accountant_name(accountant, ("pld", "rdp", "rdp-classic"))
+            if epsilon is not None:
+                check.target_epsilon(epsilon, "--epsilon")
+            if noise_multiplier is not None:
+                check.noise_multiplier(noise_multiplier, "--noise-multiplier")
+            if physical_batch_size is not None:
+                _whole_in(physical_batch_size, "--physical-batch-size", 1, 10**7)
             privacy = PrivacyConfig(
                 epsilon=epsilon,
                 noise_multiplier=noise_multiplier,
@@ -122,6 +146,7 @@ def train_command(
             options["activation"] = activation
         if norm is not None:
             options["norm"] = norm
+        _model_fits(dataset, model, options, root)
         console = _stderr()
         with Progress(
             TextColumn("training"),
@@ -164,6 +189,6 @@ def train_command(
         typer.echo(line)
         if summary["note"]:
             typer.echo(f"note: {summary['note']}")
-        console.print(f"wrote {out}")
+        _say(console, f"wrote {out}")
 
     _guarded(run)
