@@ -23,11 +23,15 @@ import numpy as np
 import torch
 
 from privacylab.attacks.membership import (
+    ATTACKS,
     MembershipResult,
     MembershipTask,
+    attack_aliases,
     attack_names,
+    default_suite,
     make_attack,
     run_attack,
+    subsampled_attacks,
 )
 from privacylab.attacks.membership.references import (
     Recipe,
@@ -43,26 +47,14 @@ from privacylab.report import membership_metrics
 from privacylab.target import Target
 from privacylab.training import PrivacyConfig, TrainConfig
 
-DEFAULT_ATTACKS = (
-    "loss",
-    "confidence",
-    "entropy",
-    "modified-entropy",
-    "shadow",
-    "lira-online",
-    "lira-offline",
-    "rmia",
-    "gap",
-    "augmentation",
-    "noise",
-    "boundary",
-    "boundary-cw",
-)
-"""The suite `privacylab run` runs on every target."""
+DEFAULT_ATTACKS = default_suite()
+"""The suite `privacylab run` runs on every target: the registered attacks whose class sets
+`in_default_suite`, in `suite_order` (loss ... boundary-cw)."""
 
-ALIASES = {"lira": "lira-online", "hopskipjump": "boundary", "cw": "boundary-cw"}
+ALIASES = attack_aliases()
+"""Other names of attacks, as their classes declare them (e.g. lira -> lira-online)."""
 
-SUBSAMPLED = {"boundary", "boundary-cw"}
+SUBSAMPLED = subsampled_attacks()
 """Attacks that cost thousands of queries per example and run on a balanced subsample."""
 
 
@@ -71,10 +63,11 @@ def resolve_attacks(names: Sequence[str]) -> list[str]:
     known = set(attack_names())
     out = []
     for name in names:
-        name = ALIASES.get(name.strip(), name.strip())
-        if name not in known:
-            choices = ", ".join(sorted(known | set(ALIASES)))
+        name = name.strip()
+        if name not in known and name not in ATTACKS:
+            choices = ", ".join(sorted(known | set(attack_aliases())))
             raise AttackError(f"unknown membership attack {name!r}; choose one of {choices}")
+        name = ATTACKS.canonical(name)
         if name not in out:
             out.append(name)
     return out
@@ -131,11 +124,30 @@ class RunConfig:
         return cls(**base)
 
     def validate(self) -> RunConfig:
-        """One-line AttackError or TrainingError for the first bad option."""
+        """One-line AttackError or TrainingError for the first bad option; checked in the
+        calling process before any work, so no bad option fails in a worker."""
+        if not self.attacks:
+            raise AttackError("no attacks given: name at least one, e.g. lira,rmia")
         self.attacks = tuple(resolve_attacks(self.attacks))
         for eps in self.epsilons:
-            if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
-                raise AttackError(f"every epsilon must be a finite number > 0, got {eps!r}")
+            if not (isinstance(eps, (int, float)) and math.isfinite(eps) and 0 < eps <= 1e4):
+                raise AttackError(f"every epsilon must be a finite number in (0, 1e4], got {eps!r}")
+        if not (isinstance(self.delta, float) and 0 < self.delta < 1):
+            raise AttackError(f"delta must be in (0, 1), got {self.delta!r}")
+        for name in ("lr", "dp_lr", "max_grad_norm"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= 1e3):
+                raise AttackError(f"{name} must be a finite number in (0, 1e3], got {value!r}")
+        for name, high in (
+            ("epochs", 100_000), ("batch_size", 10**7), ("dp_batch_size", 10**7),
+            ("references", 10**4), ("members", 10**7), ("subsample", 10**7),
+            ("workers", 1024), ("audit_trials", 10**6),
+        ):  # fmt: skip
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+                raise AttackError(f"{name} must be a whole number in [1, {high:,}], got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise AttackError(f"seed must be a whole number >= 0, got {self.seed!r}")
         if not self.epsilons and not self.nonprivate:
             raise AttackError("nothing to attack: give epsilons or keep the non-private target")
         for name in ("references", "members", "workers", "subsample"):
@@ -155,8 +167,22 @@ class RunConfig:
             device = torch.device(self.device)
         except RuntimeError:
             raise AttackError(f"unknown device {self.device!r}; use cpu or cuda") from None
+        if device.type not in ("cpu", "cuda"):
+            raise AttackError(f"unsupported device {self.device!r}; use cpu or cuda")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise AttackError("--device cuda was asked for but no CUDA device is available")
+        if not isinstance(self.model_options, dict):
+            raise AttackError(f"model_options must be a dict, got {self.model_options!r}")
+        from privacylab.data.info import dataset_info
+        from privacylab.models._checks import parameter_shapes
+
+        data = dataset_info(self.dataset, self.root)
+        parameter_shapes(self.model, data.input_shape, data.num_classes, dict(self.model_options))
+        if 2 * self.members > data.size:
+            raise AttackError(
+                f"{self.members} members and as many non-members need {2 * self.members} rows; "
+                f"dataset {self.dataset} has {data.size}"
+            )
         return self
 
     def recipes(self) -> list[tuple[str, Recipe]]:

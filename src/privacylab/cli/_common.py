@@ -425,10 +425,10 @@ def _writable_file(path: Path, name: str) -> Path:
 def _model_fits(dataset: str, model: str, options: dict[str, Any], root: str | Path | None) -> None:
     """Load `dataset` and check that `model` with `options` builds for it within the parameter
     limit (on the meta device: nothing is allocated), before any training."""
-    from privacylab.data import load_dataset
+    from privacylab.data.info import dataset_info
     from privacylab.models._checks import parameter_shapes
 
-    data = load_dataset(dataset, root)
+    data = dataset_info(dataset, root)
     parameter_shapes(model, data.input_shape, data.num_classes, dict(options))
 
 

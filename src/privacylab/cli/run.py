@@ -10,13 +10,17 @@ import typer
 
 from privacylab.cli._common import (
     JsonOpt,
+    _device,
     _emit_json,
     _floats,
     _guarded,
+    _path_arg,
     _print_summary,
+    _say,
     _Stages,
     _stderr,
     _widths,
+    _writable_folder,
     app,
 )
 
@@ -24,7 +28,8 @@ from privacylab.cli._common import (
 @app.command("run")
 def run_command(
     out: Annotated[
-        Path, typer.Option("--out", help="Report folder (results.json, index.html).")
+        Path,
+        typer.Option("--out", help="Report folder (results.json, index.html).", parser=_path_arg),
     ] = Path("privacylab-report"),
     dataset: Annotated[str, typer.Option("--dataset", help="Dataset name.")] = "mnist5k",
     model: Annotated[str, typer.Option("--model", help="Model name.")] = "mlp",
@@ -118,6 +123,10 @@ def run_command(
         from privacylab.report.verdict import check_threshold
 
         check_threshold(verdict_threshold)
+        _writable_folder(out)
+        if cache is not None:
+            _writable_folder(cache, "--cache")
+        _device(device)
         if model_factory is not None or weights is not None or data is not None:
             _run_own_model()
             return
@@ -129,7 +138,11 @@ def run_command(
             "model_options": {"widths": list(_widths(widths) or ())} if widths else {},
             "epsilons": _floats(epsilons, "--epsilons"),
             "nonprivate": not no_nonprivate,
-            "attacks": tuple(a for a in (attacks or ",".join(DEFAULT_ATTACKS)).split(",") if a),
+            "attacks": tuple(
+                a
+                for a in (",".join(DEFAULT_ATTACKS) if attacks is None else attacks).split(",")
+                if a
+            ),
             "workers": workers,
             "seed": seed,
             "root": str(root) if root is not None else None,
@@ -143,13 +156,17 @@ def run_command(
         config.validate()
         with _Stages(_stderr()) as stages:
             payload = run_experiment(
-                config, out, cache=cache, progress=stages, verdict_threshold=verdict_threshold
+                config,
+                out.resolve(),
+                cache=None if cache is None else cache.resolve(),
+                progress=stages,
+                verdict_threshold=verdict_threshold,
             )
         if json_output:
             _emit_json(payload)
             return
         _print_summary(payload)
-        _stderr().print(f"wrote {out / 'index.html'} and {out / 'results.json'}")
+        _say(_stderr(), f"wrote {out / 'index.html'} and {out / 'results.json'}")
 
     def _run_own_model() -> None:
         from privacylab.byo import own_model_config, recipe_from_options, report_own_model
@@ -174,7 +191,9 @@ def run_command(
                 seed=seed,
                 device=device,
             ).to_dict()
-        names = tuple(a for a in (attacks or ",".join(DEFAULT_ATTACKS)).split(",") if a)
+        names = tuple(
+            a for a in (",".join(DEFAULT_ATTACKS) if attacks is None else attacks).split(",") if a
+        )
         config = own_model_config(
             attacks=names,
             references=references if references is not None else (4 if quick else 8),
@@ -201,6 +220,6 @@ def run_command(
             _emit_json(payload)
             return
         _print_summary(payload)
-        _stderr().print(f"wrote {out / 'index.html'} and {out / 'results.json'}")
+        _say(_stderr(), f"wrote {out / 'index.html'} and {out / 'results.json'}")
 
     _guarded(run)
