@@ -40,14 +40,14 @@ def test_each_level_gets_only_what_it_declared() -> None:
     assert isinstance(Target(_model(), "white-box", 3).model, nn.Module)
 
 
-def test_queries_are_counted_per_example_and_views_count_separately() -> None:
+def test_queries_are_counted_per_example_and_views_share_the_count() -> None:
     target = Target(_model(), "logits", 3, batch_size=2)
     target.labels(torch.randn(5, 4))
     target.probabilities(torch.randn(3, 4))
     assert target.queries == 8
     view = target.with_access("label")
     view.labels(torch.randn(2, 4))
-    assert view.queries == 2 and target.queries == 8
+    assert view.queries == 2 and target.queries == 10  # issue 10 (c): one shared counter
 
 
 def test_query_budget() -> None:

@@ -1,7 +1,16 @@
 """The threat model: what an attacker may query (labels, scores, logits, white-box), query
 budgets, and where output defences and query monitors plug in."""
 
-from privacylab.target.access import Access, AccessError, QueryBudgetError
-from privacylab.target.target import OutputDefense, Target
+from privacylab.target.access import Access, AccessError, QueryBudgetError, TargetError
+from privacylab.target.target import OutputDefense, Outputs, QueryMonitor, Target
 
-__all__ = ["Access", "AccessError", "OutputDefense", "QueryBudgetError", "Target"]
+__all__ = [
+    "Access",
+    "AccessError",
+    "OutputDefense",
+    "Outputs",
+    "QueryBudgetError",
+    "QueryMonitor",
+    "Target",
+    "TargetError",
+]

@@ -41,3 +41,8 @@ class AccessError(PrivacylabError, PermissionError):
 
 class QueryBudgetError(PrivacylabError, RuntimeError):
     """The attacker asked more queries than the target's budget allows."""
+
+
+class TargetError(PrivacylabError, ValueError):
+    """The model behind a target returned what its declaration does not allow (wrong shape,
+    NaN, probabilities declared as logits or the reverse)."""

@@ -1,31 +1,70 @@
 """`Target`: a trained model behind the threat model's access level, counting every query.
 
 Attacks receive a `Target` and may use nothing else: `labels` is open to every level,
-`probabilities` needs scores, `logits` needs logits and `model` needs white-box access. One
-example in one call is one query; calls past `query_budget` raise `QueryBudgetError`. An
-output defence (a function of the probability vectors, e.g. rounding or top-k) plugs in as
-`output_defense` and is applied before anything is returned.
+`probabilities` needs scores, `logits` needs logits and `model` needs white-box access.
+
+Queries. One example in one call is one query; through `model` (white-box), one example in
+one forward pass of the returned module is one query (a C&W step on a batch of k examples
+costs k queries). Calls past `query_budget` raise `QueryBudgetError`.
+
+Views. `with_access` returns a view at the same or a lower level (never higher: AccessError).
+A view shares its parent's ledger: one budget, one query monitor, and its queries are added
+to the parent's `queries` (and to the grandparent's...), while `view.queries` counts only what
+went through the view (and its own views), which is what an attack runner reports.
+
+Hooks. An output defence (a function of the probability vectors, e.g. rounding or top-k)
+plugs in as `output_defense` and is applied before anything is returned. A query monitor
+(`query_monitor(x)`) sees every query batch before it is answered, white-box forward passes
+included, and may raise to refuse it — where stateful detectors such as PRADA (Juuti et al.
+2019) plug in.
+
+Outputs. With `outputs="logits"` (default) the model returns logits and the target applies
+softmax; on the first query the target checks that they are not already probability vectors
+(a model ending in `nn.Softmax` would otherwise be softmaxed twice). With
+`outputs="probabilities"` the model's outputs are used as probabilities as they are, and
+`logits` returns log-probabilities (logits up to a per-row constant, so softmax gives the
+probabilities back). Every batch is checked to have shape (n, num_classes) and finite values.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from privacylab.target.access import Access, AccessError, QueryBudgetError
+from privacylab.target.access import Access, AccessError, QueryBudgetError, TargetError
 
 OutputDefense = Callable[[Tensor], Tensor]
+QueryMonitor = Callable[[Tensor], None]
+Outputs = Literal["logits", "probabilities"]
+
+PROBABILITY_TOLERANCE = 1e-4
+"""How close to 1 every row must sum for model outputs to be taken for probability vectors."""
+
+
+@dataclass
+class _Ledger:
+    """State shared by a target and all of its views: the budget, the monitor, the total."""
+
+    budget: int | None
+    monitor: QueryMonitor | None
+    total: int = 0
+    checked: bool = False
 
 
 class Target:
     """A model as an attacker sees it.
 
     `access` is the declared level; `query_budget` (examples) is unlimited when None;
-    `batch_size` bounds the size of one forward pass; `device` is where the model runs.
+    `output_defense` post-processes probability vectors; `query_monitor` sees every query batch
+    and may raise to refuse it; `outputs` says whether the model returns logits or
+    probabilities; `batch_size` bounds the size of one forward pass; `device` is where the
+    model runs.
     """
 
     def __init__(
@@ -36,6 +75,8 @@ class Target:
         *,
         query_budget: int | None = None,
         output_defense: OutputDefense | None = None,
+        query_monitor: QueryMonitor | None = None,
+        outputs: Outputs = "logits",
         device: str | torch.device = "cpu",
         batch_size: int = 4096,
     ) -> None:
@@ -44,25 +85,47 @@ class Target:
             raise ValueError(f"query budget must be a whole number >= 0, got {query_budget!r}")
         if int(num_classes) < 1:
             raise ValueError(f"num_classes must be >= 1, got {num_classes!r}")
+        if outputs not in ("logits", "probabilities"):
+            raise TargetError(f'outputs must be "logits" or "probabilities", got {outputs!r}')
         self.num_classes = int(num_classes)
-        self.query_budget = query_budget
         self.output_defense = output_defense
+        self.outputs: Outputs = outputs
         self.device = torch.device(device)
         self.batch_size = int(batch_size)
         self._model = model.to(self.device).eval()
-        self.queries = 0
+        self._ledger = _Ledger(query_budget, query_monitor)
+        self._parent: Target | None = None
+        self._queries = 0
+
+    @property
+    def query_budget(self) -> int | None:
+        """The budget (examples) shared by this target and all its views; None: unlimited."""
+        return self._ledger.budget
+
+    @property
+    def query_monitor(self) -> QueryMonitor | None:
+        """The monitor shared by this target and all its views."""
+        return self._ledger.monitor
+
+    @property
+    def queries(self) -> int:
+        """Examples queried through this target and its views."""
+        return self._queries
 
     def with_access(self, access: Access | str) -> Target:
-        """The same model (and query counter start) at another access level."""
-        return Target(
-            self._model,
-            access,
-            self.num_classes,
-            query_budget=self.query_budget,
-            output_defense=self.output_defense,
-            device=self.device,
-            batch_size=self.batch_size,
-        )
+        """A view of the same model at `access`, which may not exceed this target's level
+        (AccessError); it shares this target's budget, monitor and query count."""
+        access = Access.parse(access)
+        if not self.access.allows(access):
+            raise AccessError(
+                f"a view may only narrow access: cannot widen {self.access.value} to {access.value}"
+            )
+        view = object.__new__(Target)
+        view.__dict__.update(self.__dict__)
+        view.access = access
+        view._parent = self
+        view._queries = 0
+        return view
 
     def require(self, needed: Access | str) -> None:
         """Raise AccessError unless the declared access allows `needed`."""
@@ -75,46 +138,104 @@ class Target:
 
     @property
     def model(self) -> nn.Module:
-        """The model itself (white-box access only)."""
+        """The model itself (white-box access only), wrapped so that each example of each
+        forward pass counts as one query (and is shown to the query monitor)."""
         self.require(Access.WHITEBOX)
-        return self._model
+        return _CountingModule(self._model, self)
 
-    def _count(self, n: int) -> None:
-        if self.query_budget is not None and self.queries + n > self.query_budget:
+    def _count(self, x: Tensor) -> None:
+        n = int(x.shape[0])
+        ledger = self._ledger
+        if ledger.budget is not None and ledger.total + n > ledger.budget:
             raise QueryBudgetError(
-                f"query budget of {self.query_budget} examples exhausted "
-                f"({self.queries} used, {n} more asked)"
+                f"query budget of {ledger.budget} examples exhausted "
+                f"({ledger.total} used, {n} more asked)"
             )
-        self.queries += n
+        if ledger.monitor is not None:
+            ledger.monitor(x.detach())
+        ledger.total += n
+        node: Target | None = self
+        while node is not None:
+            node._queries += n
+            node = node._parent
+
+    def _check(self, out: Tensor) -> None:
+        """One-line TargetError for outputs of the wrong shape, non-finite outputs, or outputs
+        of the other kind than `outputs` declares (checked once, on the first batch)."""
+        if out.ndim != 2 or out.shape[1] != self.num_classes:
+            raise TargetError(
+                f"the model returned shape {tuple(out.shape)}, expected "
+                f"(n, {self.num_classes}) (one {self.outputs[:-1]} row per example)"
+            )
+        if not bool(torch.isfinite(out).all()):
+            raise TargetError("the model returned NaN or infinite outputs")
+        if self._ledger.checked or out.shape[0] == 0 or self.num_classes < 2:
+            return
+        self._ledger.checked = True
+        sums = out.double().sum(1)
+        probabilities = bool((out >= 0).all()) and bool(
+            ((sums - 1).abs() <= PROBABILITY_TOLERANCE).all()
+        )
+        if self.outputs == "logits" and probabilities:
+            raise TargetError(
+                "the model already returns probability vectors (rows >= 0 summing to 1); "
+                'pass outputs="probabilities" to Target'
+            )
+        if self.outputs == "probabilities" and not probabilities:
+            raise TargetError(
+                "the model's outputs are not probability vectors (rows >= 0 summing to 1); "
+                'pass outputs="logits" to Target'
+            )
 
     @torch.no_grad()
-    def _logits(self, x: Tensor | np.ndarray) -> Tensor:
+    def _raw(self, x: Tensor | np.ndarray) -> Tensor:
         x = torch.as_tensor(x)
-        self._count(int(x.shape[0]))
-        outs = [
-            self._model(x[i : i + self.batch_size].to(self.device)).float()
-            for i in range(0, int(x.shape[0]), self.batch_size)
-        ]
+        self._count(x)
+        outs = []
+        for i in range(0, int(x.shape[0]), self.batch_size):
+            out = self._model(x[i : i + self.batch_size].to(self.device)).float()
+            self._check(out)
+            outs.append(out)
         if not outs:
             return torch.zeros(0, self.num_classes)
         return torch.cat(outs).cpu()
 
-    def _defended(self, logits: Tensor) -> Tensor:
-        probs = F.softmax(logits, dim=1)
+    def _probabilities(self, raw: Tensor) -> Tensor:
+        return raw if self.outputs == "probabilities" else F.softmax(raw, dim=1)
+
+    def _defended(self, raw: Tensor) -> Tensor:
+        probs = self._probabilities(raw)
         return self.output_defense(probs) if self.output_defense is not None else probs
 
     def labels(self, x: Tensor | np.ndarray) -> Tensor:
         """Predicted labels (int64, shape (n,)); every access level may ask."""
-        return self._defended(self._logits(x)).argmax(1)
+        return self._defended(self._raw(x)).argmax(1)
 
     def probabilities(self, x: Tensor | np.ndarray) -> Tensor:
         """Probability vectors (n, classes); needs scores access."""
         self.require(Access.SCORES)
-        return self._defended(self._logits(x))
+        return self._defended(self._raw(x))
 
     def logits(self, x: Tensor | np.ndarray) -> Tensor:
-        """Logits (n, classes); needs logits access (an output defence blocks it)."""
+        """Logits (n, classes); needs logits access (an output defence blocks it). For a model
+        declared with outputs="probabilities", the log-probabilities."""
         self.require(Access.LOGITS)
         if self.output_defense is not None:
             raise AccessError("the target's output defence hides its logits")
-        return self._logits(x)
+        raw = self._raw(x)
+        return raw if self.outputs == "logits" else raw.clamp_min(1e-45).log()
+
+
+class _CountingModule(nn.Module):
+    """The target's model as white-box access hands it out: forward passes are the model's,
+    and each example in each forward pass counts as one query of `target` (against its budget,
+    shown to its monitor). Parameters, gradients and modes are the model's own."""
+
+    def __init__(self, model: nn.Module, target: Target) -> None:
+        super().__init__()
+        self.inner = model
+        object.__setattr__(self, "_target", target)
+
+    def forward(self, x: Tensor) -> Tensor:
+        self._target._count(x)
+        return self.inner(x)

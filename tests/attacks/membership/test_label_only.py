@@ -278,7 +278,9 @@ def test_carlini_wagner_needs_white_box(world: World) -> None:
     with pytest.raises(AccessError):
         attack.score(Target(world.target, "logits", 10), task)
     result = run_attack(attack, Target(world.target, "white-box", 10), task, truth)
-    assert result.access == "white-box" and result.queries == 0
+    # issue 10: forward passes through the white-box model are counted, one query per example
+    # each: the correctness pass, one pass on x[:1] for the class count, steps × search_steps
+    assert result.access == "white-box" and result.queries == task.n * (1 + 3 * 50) + 1
     correct = (world.target(task.x).argmax(1) == task.y).numpy()
     assert np.all(result.scores[correct] > 0) and np.all(result.scores[~correct] == 0)
 

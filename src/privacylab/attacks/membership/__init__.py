@@ -1,32 +1,58 @@
-"""Membership inference attacks: each declares its access and returns a MembershipResult."""
+"""Membership inference attacks: each declares its threat model and returns a MembershipResult.
 
-from privacylab.attacks.membership import (  # noqa: F401  (register the attacks)
-    boundary,
-    label_only,
-    lira,
-    metric,
-    rmia,
-    shadow,
-)
+Every module of this package is imported on import (`discover`), so an attack registered with
+`@register_attack` in a new file here joins `attack_names()`, the CLI and — unless its class
+sets `in_default_suite = False` — the default suite of `privacylab run`, with no other edit.
+"""
+
+import importlib
+import pkgutil
+from types import ModuleType
+
 from privacylab.attacks.membership.base import (
+    ATTACKS,
     AttackScores,
     MembershipAttack,
     MembershipTask,
+    attack_aliases,
+    attack_class,
     attack_names,
+    default_suite,
     make_attack,
     register_attack,
     run_attack,
+    subsampled_attacks,
 )
 from privacylab.attacks.membership.result import AttackError, MembershipResult
 
+
+def discover(package: str) -> list[ModuleType]:
+    """Import every module of `package` (by dotted name), so that the attacks they define
+    register themselves; returns the modules, in name order."""
+    root = importlib.import_module(package)
+    return [
+        importlib.import_module(f"{package}.{info.name}")
+        for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda i: i.name)
+        if not info.name.startswith("_")
+    ]
+
+
+discover(__name__)
+
 __all__ = [
+    "ATTACKS",
     "AttackError",
     "AttackScores",
     "MembershipAttack",
     "MembershipResult",
     "MembershipTask",
+    "attack_aliases",
+    "attack_class",
     "attack_names",
+    "default_suite",
+    "discover",
     "make_attack",
     "register_attack",
     "run_attack",
+    "subsampled_attacks",
 ]

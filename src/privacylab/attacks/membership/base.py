@@ -1,17 +1,24 @@
-"""What every membership attack receives and how it is run.
+"""What every membership attack receives and how it is run: the membership instance of the
+family-agnostic core (`privacylab.attacks.core`).
 
 An attack sees a `Target` at exactly its declared access level and a `MembershipTask`: the
 examples to judge (never their membership), data the attacker owns (`population`, never trained
 on by the target) and reference/shadow models trained like the target on known subsets of the
-candidates and the population (Shokri et al. 2017; Carlini et al. 2022). `run_attack` times the
-attack, counts its queries and attaches the truth to build the `MembershipResult`.
+candidates and the population (Shokri et al. 2017; Carlini et al. 2022). Each attack declares
+its `ThreatModel` (access and the side information it uses: "population", "references");
+`run_attack` narrows the target and the task to it, times the attack, counts its queries
+(`core.execute`) and only then attaches the truth to build the `MembershipResult`.
+
+An attack class also says how `privacylab run` uses it: `in_default_suite`, `suite_order` (the
+suite's order), `subsampled` (expensive attacks run on a balanced subsample) and `aliases`.
+Registering it (`@register_attack(name)` in a module of this package, which is discovered
+automatically) is all it takes to join the suite.
 """
 
 from __future__ import annotations
 
-import time
-from abc import ABC, abstractmethod
-from collections.abc import Callable
+from abc import abstractmethod
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -19,8 +26,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from privacylab.attacks.core import Attack, ThreatModel, execute
 from privacylab.attacks.membership.result import AttackError, MembershipResult
+from privacylab.registry import Registry
 from privacylab.target import Access, Target
+
+SIDE_INFORMATION = ("population", "references")
+"""The parts of a `MembershipTask` an attack may declare it uses beyond the candidates."""
 
 
 @dataclass(eq=False)
@@ -91,6 +103,38 @@ class MembershipTask:
             keep,
         )
 
+    def restricted_to(self, side_information: Iterable[str]) -> MembershipTask:
+        """The task without the side information not named (population data, references):
+        what an attack with that threat model is given. Itself when nothing is removed."""
+        side = set(side_information)
+        unknown = sorted(side - set(SIDE_INFORMATION))
+        if unknown:
+            raise AttackError(
+                f"unknown side information {', '.join(unknown)}; "
+                f"choose from {', '.join(SIDE_INFORMATION)}"
+            )
+        drop_population = "population" not in side and self.m > 0
+        drop_references = "references" not in side and bool(self.references)
+        if not (drop_population or drop_references):
+            return self
+        references = [] if drop_references else self.references
+        keep = None
+        if references:
+            assert self.keep is not None
+            keep = self.keep[:, : self.n] if drop_population else self.keep
+        task = MembershipTask(
+            self.x,
+            self.y,
+            self.num_classes,
+            None if drop_population else self.population_x,
+            None if drop_population else self.population_y,
+            references,
+            keep,
+        )
+        if not drop_population:
+            task.reference_outputs = self.reference_outputs
+        return task
+
     def all_x(self) -> Tensor:
         """Candidates then population, the order of `keep`'s columns."""
         assert self.population_x is not None
@@ -123,63 +167,104 @@ class AttackScores:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-class MembershipAttack(ABC):
-    """A membership inference attack: configured in the constructor, run by `score`."""
+class MembershipAttack(Attack[MembershipTask, AttackScores]):
+    """A membership inference attack: configured in the constructor, run by `score`.
+
+    Subclasses declare `threat_model` (or only `access`, meaning no side information) and may
+    set the suite attributes below; `access` always equals `threat_model.access`.
+    """
 
     name: ClassVar[str]
     access: ClassVar[Access]
+    threat_model: ClassVar[ThreatModel]
+    in_default_suite: ClassVar[bool] = True
+    """Whether `privacylab run` runs it by default."""
+    suite_order: ClassVar[float] = 1000.0
+    """Its place in the default suite (ties: registration order)."""
+    subsampled: ClassVar[bool] = False
+    """Costs thousands of queries per example: run on a balanced subsample of candidates."""
+    aliases: ClassVar[tuple[str, ...]] = ()
+    """Other names accepted for it."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__
+        if "threat_model" in own:
+            cls.access = cls.threat_model.access
+        elif "access" in own:
+            cls.threat_model = ThreatModel(cls.access, SIDE_INFORMATION)
 
     @abstractmethod
     def score(self, target: Target, task: MembershipTask) -> AttackScores:
         """Per-candidate membership scores, using only `target` and `task`."""
 
+    def run(self, target: Target, task: MembershipTask) -> AttackScores:
+        """The core's entry point: `score`."""
+        return self.score(target, task)
 
-_ATTACKS: dict[str, Callable[..., MembershipAttack]] = {}
+
+ATTACKS: Registry[type[MembershipAttack]] = Registry("membership attack", error=AttackError)
+"""Every membership attack class by name (and its aliases)."""
 
 
 def register_attack(name: str) -> Callable[[type[MembershipAttack]], type[MembershipAttack]]:
-    """Class decorator: make an attack buildable by `make_attack(name, **options)`."""
+    """Class decorator: make an attack buildable by `make_attack(name, **options)` and, unless
+    its class says otherwise, part of the default suite of `privacylab run`."""
 
     def decorate(cls: type[MembershipAttack]) -> type[MembershipAttack]:
-        if name in _ATTACKS:
-            raise ValueError(f"membership attack {name!r} registered twice")
-        _ATTACKS[name] = cls
-        return cls
+        return ATTACKS.register(name, cls, aliases=tuple(getattr(cls, "aliases", ())))
 
     return decorate
 
 
 def attack_names() -> list[str]:
     """Registered membership attacks, sorted."""
-    return sorted(_ATTACKS)
+    return sorted(ATTACKS.names())
+
+
+def attack_class(name: str) -> type[MembershipAttack]:
+    """The class registered as `name` (or an alias), or AttackError naming the choices."""
+    return ATTACKS.get(name)
 
 
 def make_attack(name: str, **options: Any) -> MembershipAttack:
     """The registered attack `name` built with `options`, or AttackError naming the choices."""
-    if name not in _ATTACKS:
-        raise AttackError(
-            f"unknown membership attack {name!r}; choose one of {', '.join(attack_names())}"
-        )
-    return _ATTACKS[name](**options)
+    return ATTACKS.make(name, **options)
+
+
+def default_suite() -> tuple[str, ...]:
+    """The attacks `privacylab run` runs by default, in `suite_order`."""
+    chosen = [n for n in ATTACKS.names() if ATTACKS.get(n).in_default_suite]
+    return tuple(sorted(chosen, key=lambda n: ATTACKS.get(n).suite_order))
+
+
+def subsampled_attacks() -> set[str]:
+    """Attacks that run on a balanced subsample (their class sets `subsampled`)."""
+    return {n for n in ATTACKS.names() if ATTACKS.get(n).subsampled}
+
+
+def attack_aliases() -> dict[str, str]:
+    """Alias -> attack name, as declared by the attack classes."""
+    return ATTACKS.aliases()
 
 
 def run_attack(
     attack: MembershipAttack, target: Target, task: MembershipTask, membership: np.ndarray
 ) -> MembershipResult:
-    """Run `attack` against `target` at its declared access level and score it against the
-    truth `membership` (1 member, 0 non-member), which the attack never sees."""
-    target.require(attack.access)
-    view = target.with_access(attack.access)
-    start = time.perf_counter()
-    out = attack.score(view, task)
-    seconds = time.perf_counter() - start
+    """Run `attack` against `target` at its declared access level, on the task narrowed to
+    its declared side information, and score it against the truth `membership` (1 member, 0
+    non-member), which the attack never sees. `queries` counts the examples the attack sent
+    to the target (white-box forward passes included)."""
+    narrowed = task.restricted_to(attack.threat_model.side_information)
+    done = execute(attack, target, narrowed)
+    out = done.output
     return MembershipResult(
         attack=attack.name,
         scores=out.scores,
         membership=membership,
         access=attack.access.value,
-        queries=view.queries,
-        seconds=seconds,
+        queries=done.queries,
+        seconds=done.seconds,
         predictions=out.predictions,
         params=out.params,
     )

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from privacylab.attacks.core import ThreatModel
 from privacylab.attacks.membership.base import (
     AttackScores,
     MembershipAttack,
@@ -432,7 +433,10 @@ class BoundaryDistanceAttack(MembershipAttack):
     attacked with the same label-only budget)."""
 
     name: ClassVar[str] = "boundary"
-    access: ClassVar[Access] = Access.LABEL
+    threat_model: ClassVar[ThreatModel] = ThreatModel(Access.LABEL, ("population", "references"))
+    suite_order: ClassVar[float] = 120
+    subsampled: ClassVar[bool] = True
+    aliases: ClassVar[tuple[str, ...]] = ("hopskipjump",)
 
     def __init__(
         self,
@@ -510,7 +514,10 @@ class CarliniWagnerAttack(MembershipAttack):
     (`carlini_wagner_l2`), 0 for misclassified points."""
 
     name: ClassVar[str] = "boundary-cw"
-    access: ClassVar[Access] = Access.WHITEBOX
+    threat_model: ClassVar[ThreatModel] = ThreatModel(Access.WHITEBOX, ("population", "references"))
+    suite_order: ClassVar[float] = 130
+    subsampled: ClassVar[bool] = True
+    aliases: ClassVar[tuple[str, ...]] = ("cw",)
 
     def __init__(
         self,
@@ -553,7 +560,8 @@ class CarliniWagnerAttack(MembershipAttack):
         )
 
     def score(self, target: Target, task: MembershipTask) -> AttackScores:
-        """C&W distances of all candidates (white-box; no label queries)."""
+        """C&W distances of all candidates (white-box: every example of every forward pass of
+        the target's model counts as one query, about steps × search_steps per candidate)."""
         target.require(Access.WHITEBOX)
         _check_task(task, self.name)
         clip = resolve_clip(self.clip, task)

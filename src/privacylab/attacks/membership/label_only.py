@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from sklearn.linear_model import LogisticRegression
 from torch import Tensor
 
+from privacylab.attacks.core import ThreatModel
 from privacylab.attacks.membership.base import (
     AttackScores,
     MembershipAttack,
@@ -122,7 +123,8 @@ class GapAttack(MembershipAttack):
     1/2 + (acc_train − acc_test)/2."""
 
     name: ClassVar[str] = "gap"
-    access: ClassVar[Access] = Access.LABEL
+    threat_model: ClassVar[ThreatModel] = ThreatModel(Access.LABEL, ())
+    suite_order: ClassVar[float] = 90
 
     def score(self, target: Target, task: MembershipTask) -> AttackScores:
         """1.0 for candidates the target classifies correctly, 0.0 otherwise (n queries)."""
@@ -194,7 +196,8 @@ class AugmentationAttack(MembershipAttack):
     """
 
     name: ClassVar[str] = "augmentation"
-    access: ClassVar[Access] = Access.LABEL
+    threat_model: ClassVar[ThreatModel] = ThreatModel(Access.LABEL, ("population", "references"))
+    suite_order: ClassVar[float] = 100
 
     def __init__(self, kind: str = "translation", r: float = 4.0, d: int = 1) -> None:
         if kind not in ("rotation", "translation"):
@@ -250,7 +253,8 @@ class NoiseRobustnessAttack(MembershipAttack):
     use the threshold of best balanced accuracy on the references' in/out scores."""
 
     name: ClassVar[str] = "noise"
-    access: ClassVar[Access] = Access.LABEL
+    threat_model: ClassVar[ThreatModel] = ThreatModel(Access.LABEL, ("population", "references"))
+    suite_order: ClassVar[float] = 110
 
     def __init__(
         self, sigma: float = 0.3, n_samples: int = 50, clip: ClipOption = "data", seed: int = 0

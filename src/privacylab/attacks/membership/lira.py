@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from privacylab.attacks.core import ThreatModel
 from privacylab.attacks.membership.base import (
     AttackScores,
     MembershipAttack,
@@ -60,7 +61,7 @@ class LiRA(MembershipAttack):
     """LiRA, online or offline; `fixed_variance=None` fixes it when a side has fewer than 32
     models; `shifts` > 0 adds the image shifted by up to that many pixels as extra queries."""
 
-    access: ClassVar[Access] = Access.SCORES
+    threat_model: ClassVar[ThreatModel] = ThreatModel(Access.SCORES, ("population", "references"))
     online: ClassVar[bool]
 
     def __init__(self, fixed_variance: bool | None = None, shifts: int = 1) -> None:
@@ -114,6 +115,8 @@ class OnlineLiRA(LiRA):
 
     name = "lira-online"
     online = True
+    suite_order = 60
+    aliases = ("lira",)
 
 
 @register_attack("lira-offline")
@@ -122,3 +125,4 @@ class OfflineLiRA(LiRA):
 
     name = "lira-offline"
     online = False
+    suite_order = 70

@@ -15,6 +15,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from privacylab.attacks.core import ThreatModel
 from privacylab.attacks.membership.base import (
     AttackScores,
     MembershipAttack,
@@ -40,7 +41,7 @@ class MetricAttack(MembershipAttack):
     """Member iff statistic(p, y) ≥ τ, with τ global or τ_y per class (Song & Mittal 2021,
     Sec. III-B). Statistics are signed so that members score higher."""
 
-    access: ClassVar[Access] = Access.SCORES
+    threat_model: ClassVar[ThreatModel] = ThreatModel(Access.SCORES, ("population", "references"))
     statistic: ClassVar[Statistic]
 
     def __init__(self, thresholds: str = "class") -> None:
@@ -83,6 +84,7 @@ class LossAttack(MetricAttack):
     """Member iff −log p_y ≤ τ (Yeom et al. 2018)."""
 
     name = "loss"
+    suite_order = 10
     statistic = staticmethod(_negative(cross_entropy))
 
 
@@ -91,6 +93,7 @@ class ConfidenceAttack(MetricAttack):
     """Member iff p_y ≥ τ (Song & Mittal 2021, Eq. 3)."""
 
     name = "confidence"
+    suite_order = 20
     statistic = staticmethod(true_class_probability)
 
 
@@ -99,6 +102,7 @@ class EntropyAttack(MetricAttack):
     """Member iff H(p) ≤ τ (Song & Mittal 2021, Eq. 4)."""
 
     name = "entropy"
+    suite_order = 30
     statistic = staticmethod(lambda probs, y: -entropy(probs))
 
 
@@ -107,4 +111,5 @@ class ModifiedEntropyAttack(MetricAttack):
     """Member iff Mentr(p, y) ≤ τ (Song & Mittal 2021, Eq. 5)."""
 
     name = "modified-entropy"
+    suite_order = 40
     statistic = staticmethod(_negative(modified_entropy))

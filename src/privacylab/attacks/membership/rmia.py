@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from privacylab.attacks.core import ThreatModel
 from privacylab.attacks.membership.base import (
     AttackScores,
     MembershipAttack,
@@ -37,7 +38,8 @@ A_GRID = tuple(np.round(np.linspace(0.0, 1.0, 11), 2))
 class RMIA(MembershipAttack):
     """RMIA; `a=None` tunes a on the references, `gamma` is γ, `population` caps |Z|."""
 
-    access: ClassVar[Access] = Access.SCORES
+    threat_model: ClassVar[ThreatModel] = ThreatModel(Access.SCORES, ("population", "references"))
+    suite_order: ClassVar[float] = 80
     name = "rmia"
 
     def __init__(

@@ -18,6 +18,7 @@ import numpy as np
 from sklearn.ensemble import HistGradientBoostingClassifier
 from threadpoolctl import threadpool_limits
 
+from privacylab.attacks.core import ThreatModel
 from privacylab.attacks.membership.base import (
     AttackScores,
     MembershipAttack,
@@ -40,7 +41,8 @@ class ShadowModelAttack(MembershipAttack):
     """Per-class attack models trained on `shadows` shadow models (all references if None)."""
 
     name = "shadow"
-    access: ClassVar[Access] = Access.SCORES
+    threat_model: ClassVar[ThreatModel] = ThreatModel(Access.SCORES, ("population", "references"))
+    suite_order: ClassVar[float] = 50
 
     def __init__(self, shadows: int | None = None, max_iter: int = 100, seed: int = 0) -> None:
         if shadows is not None and (isinstance(shadows, bool) or shadows < 1):
