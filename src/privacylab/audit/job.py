@@ -10,6 +10,8 @@ from privacylab.execution import Executor, ResultStore
 from privacylab.registry import Registry
 
 POISONING = ("backdoor", "clipbkd", "mi")
+MAX_TRIALS = 10**6
+"""Most trials (and poisoned rows k) an audit accepts."""
 
 
 class _AuditRun(Protocol):
@@ -89,6 +91,13 @@ def run_audit(
     method = AUDITS.canonical(method)
     if k is not None and method not in POISONING:
         raise ValueError(f"--k applies to the poisoning audits ({', '.join(POISONING)}) only")
+    for name, value in (("trials", trials), ("k", k)):
+        if value is None and name == "k":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TRIALS:
+            raise ValueError(f"{name} must be a whole number in [1, {MAX_TRIALS:,}], got {value!r}")
+    if not (isinstance(confidence, float) and 0 < confidence < 1):
+        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     settings: dict[str, Any] = {
         "dataset": dataset, "model": model, "epsilon": epsilon, "delta": delta, "seed": seed,
     }  # fmt: skip

@@ -13,6 +13,10 @@ from privacylab.cli._common import (
     JsonOpt,
     _emit_json,
     _guarded,
+    _model_fits,
+    _path_arg,
+    _whole_in,
+    _writable_file,
     app,
 )
 
@@ -39,7 +43,8 @@ def audit_command(
         str | None, typer.Option("--address", help="Ray cluster: auto or HOST:PORT.")
     ] = None,
     store: Annotated[
-        Path, typer.Option("--store", help="Result store; a re-run resumes from it.")
+        Path,
+        typer.Option("--store", help="Result store; a re-run resumes from it.", parser=_path_arg),
     ] = Path("privacylab-audit/store.sqlite"),
     seed: Annotated[int, typer.Option("--seed")] = 0,
     k: Annotated[
@@ -54,13 +59,30 @@ def audit_command(
     def run() -> None:
         import time
 
-        from privacylab.audit.job import run_audit
+        from privacylab.audit.job import MAX_TRIALS, METHODS, POISONING, run_audit
         from privacylab.execution import make_executor
 
-        check.positive("epsilon", epsilon)
+        if method not in METHODS:
+            raise ValueError(f"unknown audit method {method!r}; choose one of {', '.join(METHODS)}")
+        check.target_epsilon(epsilon, "epsilon")
         check.delta(delta)
         if not 0 < confidence < 1:
             raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+        _whole_in(trials, "--trials", 1, MAX_TRIALS)
+        _whole_in(workers, "--workers", 1, 1024)
+        _whole_in(seed, "--seed", 0, 2**63 - 1)
+        if k is not None:
+            if method not in POISONING:
+                raise ValueError(
+                    f"--k applies to the poisoning audits ({', '.join(POISONING)}) only"
+                )
+            _whole_in(k, "--k", 1, MAX_TRIALS)
+        if address is not None and executor != "ray":
+            raise ValueError(f"--address is only for --executor ray, not {executor!r}")
+        if method == "dirac" and (dataset != "digits" or model != "logreg"):
+            raise ValueError("the dirac audit trains a logistic regression on digits")
+        _writable_file(store, "--store")
+        _model_fits(dataset, model, {}, None)
         if executor == "ray":
             runner = make_executor("ray", workers, address=address)  # type: ignore[call-arg]
         else:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from privacylab.errors import PrivacylabError
 from privacylab.execution.executor import TaskError, _init_worker, _task_error
 
 T = TypeVar("T")
@@ -29,6 +31,67 @@ def _import_ray() -> Any:
     except ImportError:
         raise ValueError(INSTALL_HINT) from None
     return ray
+
+
+CONNECT_TIMEOUT = 15.0
+"""Seconds `RayExecutor` waits for a cluster address to accept a connection."""
+
+
+class RayConnectionError(PrivacylabError, ValueError):
+    """A Ray cluster could not be reached; the message is one line."""
+
+
+def _connect_timeout(value: float | None) -> float:
+    if value is None:
+        text = os.environ.get("PRIVACYLAB_RAY_CONNECT_TIMEOUT")
+        try:
+            value = CONNECT_TIMEOUT if text is None else float(text)
+        except ValueError:
+            raise ValueError(
+                f"PRIVACYLAB_RAY_CONNECT_TIMEOUT must be a number of seconds, got {text!r}"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+        raise ValueError(f"connect_timeout must be in (0, 3600] seconds, got {value!r}")
+    return float(value)
+
+
+def _check_reachable(address: str, timeout: float) -> None:
+    """Open (and close) a TCP connection to `HOST:PORT` within `timeout` seconds, or raise
+    RayConnectionError: `ray.init` itself keeps retrying an unreachable address for minutes."""
+    hostport = address.split("://", 1)[-1].rstrip("/")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise RayConnectionError(f"Ray address must be 'auto' or HOST:PORT, got {address!r}")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as error:
+        reason = "timed out" if isinstance(error, TimeoutError) else (error.strerror or error)
+        raise RayConnectionError(
+            f"cannot reach the Ray cluster at {address} within {timeout:g} s ({reason}); "
+            "check the address, or set PRIVACYLAB_RAY_CONNECT_TIMEOUT"
+        ) from None
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 while joining a cluster: Ray's C++ client logs each failed
+    attempt there, and a failure is reported as one line of ours instead."""
+    import sys
+
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as sink:
+            os.dup2(sink.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class _Worker:
@@ -81,19 +144,27 @@ class RayExecutor:
         workers: tasks run at once (>= 1); also the CPUs of a local Ray instance.
         address: ``None`` for a local instance, ``"auto"`` or ``"HOST:PORT"`` for a cluster.
         threads_per_worker: intra-op threads per task (>= 1).
+        connect_timeout: seconds to wait for a cluster's address to answer before giving up
+            with :class:`RayConnectionError` (default `CONNECT_TIMEOUT`, or the environment
+            variable ``PRIVACYLAB_RAY_CONNECT_TIMEOUT``).
 
     Raises:
         ValueError: a bad argument, or ray is not installed (one line with the install hint).
     """
 
     def __init__(
-        self, workers: int = 2, address: str | None = None, threads_per_worker: int = 1
+        self,
+        workers: int = 2,
+        address: str | None = None,
+        threads_per_worker: int = 1,
+        connect_timeout: float | None = None,
     ) -> None:
         for name, value in (("workers", workers), ("threads_per_worker", threads_per_worker)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if address is not None and (not isinstance(address, str) or not address.strip()):
             raise ValueError(f"address must be 'auto' or 'HOST:PORT', got {address!r}")
+        self.connect_timeout = _connect_timeout(connect_timeout)
         self._ray = _import_ray()
         self.workers = workers
         self.address = address.strip() if address is not None else None
@@ -110,14 +181,28 @@ class RayExecutor:
         """Start (or join) Ray if it is not running yet; returns self."""
         ray = self._ray
         if not ray.is_initialized():
-            joins = self.address is not None or bool(os.environ.get("RAY_ADDRESS"))
-            ray.init(
-                address=self.address or None,
-                num_cpus=None if joins else self.workers,
-                include_dashboard=False,
-                ignore_reinit_error=True,
-                log_to_driver=False,
-            )
+            address = self.address or os.environ.get("RAY_ADDRESS") or None
+            joins = address is not None
+            if address is not None and address != "auto":
+                _check_reachable(address, self.connect_timeout)
+            if joins:
+                os.environ.setdefault(
+                    "RAY_gcs_rpc_server_connect_timeout_s", str(max(1, round(self.connect_timeout)))
+                )
+            try:
+                with _quiet_stderr() if joins else contextlib.nullcontext():
+                    ray.init(
+                        address=self.address or None,
+                        num_cpus=None if joins else self.workers,
+                        include_dashboard=False,
+                        ignore_reinit_error=True,
+                        log_to_driver=False,
+                    )
+            except (ConnectionError, RuntimeError, TimeoutError) as error:
+                detail = " ".join(str(error).split())[:300]
+                raise RayConnectionError(
+                    f"cannot join the Ray cluster at {address or 'a new local instance'}: {detail}"
+                ) from None
             self._started = True
         return self
 

@@ -123,7 +123,9 @@ class ResultStore:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+        if not str(path).strip():
+            raise StoreError("result store path must not be empty")
+        self.path = Path(path).expanduser().resolve()
         if self.path.is_dir():
             raise StoreError(f"result store {self.path} is a directory, not a file")
         try:
