@@ -50,6 +50,23 @@ def _npy_header(handle: Any, where: str) -> tuple[tuple[int, ...], np.dtype]:
     return tuple(int(s) for s in shape), dtype
 
 
+MAX_DEFLATE_RATIO = 1032
+"""Deflate expands at most ~1032-fold."""
+
+
+def _check_size(
+    header: tuple[tuple[int, ...], np.dtype], data: int, compressed: int | None, where: str
+) -> None:
+    """Refuse an array whose header announces more (or fewer) bytes than its file holds, or more
+    than its compressed size can expand to, before numpy allocates what the header announces."""
+    shape, dtype = header
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes != data:
+        raise DataError(f"{where}: header announces shape {shape} but the file holds {data} bytes")
+    if compressed is not None and nbytes > MAX_DEFLATE_RATIO * compressed + 1024:
+        raise DataError(f"{where}: shape {shape} cannot come from {compressed} compressed bytes")
+
+
 def _headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """Shape and dtype of each required array, read from headers only."""
     out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -60,6 +77,7 @@ def _headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
                 raise DataError(f"{path} has no {key}.npy (need {', '.join(ARRAYS)})")
             with open(file, "rb") as handle:
                 out[key] = _npy_header(handle, str(file))
+                _check_size(out[key], file.stat().st_size - handle.tell(), None, str(file))
         return out
     try:
         with zipfile.ZipFile(path) as archive:
@@ -67,8 +85,11 @@ def _headers(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
             for key in ARRAYS:
                 if f"{key}.npy" not in names:
                     raise DataError(f"{path} has no array {key!r} (need {', '.join(ARRAYS)})")
-                with archive.open(f"{key}.npy") as handle:
+                info = archive.getinfo(f"{key}.npy")
+                with archive.open(info) as handle:
                     out[key] = _npy_header(handle, f"{path}:{key}")
+                    data = info.file_size - handle.tell()
+                _check_size(out[key], data, info.compress_size, f"{path}:{key}")
     except (zipfile.BadZipFile, OSError) as error:
         raise DataError(f"{path} is not a readable .npz file: {error}") from None
     return out
@@ -80,7 +101,7 @@ def _read(path: Path, key: str) -> np.ndarray:
             return np.load(path / f"{key}.npy", allow_pickle=False)
         with np.load(path, allow_pickle=False) as archive:
             return archive[key]
-    except (ValueError, OSError, zipfile.BadZipFile) as error:
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
         raise DataError(f"cannot read {key} from {path}: {error}") from None
 
 
