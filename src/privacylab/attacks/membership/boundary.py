@@ -301,7 +301,9 @@ def carlini_wagner_l2(
     Minimises ‖x' − x‖²₂ + c·max(Z_y(x') − max_{i≠y} Z_i(x'), −κ) with Adam over w where
     x' = low + (tanh(w) + 1)/2·(high − low) (the change of variables of §V.A; without a
     clip range x' = w directly), and binary-searches c per example over `search_steps`
-    rounds (×10 until the first success). Returns the smallest-L2 misclassified point found.
+    rounds (×10 until the first success). Returns the smallest-L2 misclassified point found;
+    `queries` counts each example's forward passes (1 + search_steps·steps, plus one for the
+    first example of each batch), what a counting white-box `Target.model` records.
     """
     model = model.eval()
     shape = tuple(x.shape[1:])
@@ -328,6 +330,8 @@ def carlini_wagner_l2(
     finally:
         for p, r in zip(params, required, strict=True):
             p.requires_grad_(r)
+    queries = np.full(n, 1 + search_steps * steps, dtype=np.int64)
+    queries[::batch_size] += 1  # the pass on one example that reads the number of classes
     lost = correct & ~found
     if lost.any():
         flat = x.reshape(n, -1)
@@ -338,7 +342,7 @@ def carlini_wagner_l2(
         distance=distance,
         found=found,
         correct=correct,
-        queries=np.zeros(n, dtype=np.int64),
+        queries=queries,
     )
 
 
