@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from privacylab.attacks.core import Attack, ThreatModel, execute
 from privacylab.attacks.membership.result import AttackError, MembershipResult
 from privacylab.registry import Registry
-from privacylab.target import Access, Target
+from privacylab.target import Access, Outputs, Target
 
 SIDE_INFORMATION = ("population", "references")
 """The parts of a `MembershipTask` an attack may declare it uses beyond the candidates."""
@@ -56,6 +56,9 @@ class MembershipTask:
     reference_outputs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     """The references' outputs on `all_x()`, filled once per kind of query by the attacks that
     need them (see `outputs.reference_probabilities`), so several attacks share one pass."""
+    references_return: Outputs = "logits"
+    """What the reference models return, "logits" or "probabilities" (as `Target`'s
+    `outputs`)."""
 
     def __post_init__(self) -> None:
         self.y = torch.as_tensor(self.y, dtype=torch.int64)
@@ -101,6 +104,7 @@ class MembershipTask:
             self.population_y,
             self.references,
             keep,
+            references_return=self.references_return,
         )
 
     def restricted_to(self, side_information: Iterable[str]) -> MembershipTask:
@@ -130,6 +134,7 @@ class MembershipTask:
             None if drop_population else self.population_y,
             references,
             keep,
+            references_return=self.references_return,
         )
         if not drop_population:
             task.reference_outputs = self.reference_outputs
@@ -147,7 +152,10 @@ class MembershipTask:
 
     def reference_targets(self, access: Access | str) -> list[Target]:
         """The references behind `access`, for attacks that calibrate on them as on the target."""
-        return [Target(m, access, self.num_classes) for m in self.references]
+        return [
+            Target(m, access, self.num_classes, outputs=self.references_return)
+            for m in self.references
+        ]
 
     def require_references(self, attack: str, minimum: int = 1) -> None:
         """AttackError unless at least `minimum` reference models are given."""
