@@ -171,6 +171,8 @@ class RunConfig:
             raise AttackError(f"unsupported device {self.device!r}; use cpu or cuda")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise AttackError("--device cuda was asked for but no CUDA device is available")
+        if self.root is not None and not Path(self.root).expanduser().is_dir():
+            raise AttackError(f"root {self.root} is not a folder")
         if not isinstance(self.model_options, dict):
             raise AttackError(f"model_options must be a dict, got {self.model_options!r}")
         from privacylab.data.info import dataset_info

@@ -8,9 +8,12 @@ from typing import Annotated
 import typer
 
 from privacylab.cli._common import (
+    MAX_EPOCHS,
     JsonOpt,
+    _device,
     _emit_json,
     _guarded,
+    _learning_rate,
     _path_arg,
     _print_summary,
     _Stages,
@@ -42,9 +45,12 @@ def _check_saved_target(target: Path) -> None:
     if not isinstance(training.get("privacy"), dict | None):
         raise PrivacylabError(f"{target}: the sidecar's training.privacy is not an object")
     try:
-        TrainConfig.from_dict(training).validate()
+        config = TrainConfig.from_dict(training).validate()
     except TypeError as error:
         raise PrivacylabError(f"{target}: bad training recipe in the sidecar: {error}") from None
+    _learning_rate(config.lr, f"{target}: the sidecar's training lr")
+    _whole_in(config.epochs, f"{target}: the sidecar's training epochs", 1, MAX_EPOCHS)
+    _device(config.device)
     summary = meta.get("summary", {})
     if not isinstance(summary, dict) or not isinstance(summary.get("epsilon"), int | float | None):
         raise PrivacylabError(f"{target}: the sidecar's metadata.summary is malformed")

@@ -98,6 +98,8 @@ def train_command(
         from privacylab.training.job import train_job
 
         _writable_folder(out)
+        if root is not None and not root.is_dir():
+            raise ValueError(f"--root {root} is not a folder")
         _learning_rate(lr)
         _whole_in(epochs, "--epochs", 1, MAX_EPOCHS)
         _whole_in(batch_size, "--batch-size", 1, 10**7)
