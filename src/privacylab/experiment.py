@@ -131,7 +131,9 @@ class RunConfig:
         self.attacks = tuple(resolve_attacks(self.attacks))
         for eps in self.epsilons:
             if not (isinstance(eps, (int, float)) and math.isfinite(eps) and 0 < eps <= 1e4):
-                raise AttackError(f"every epsilon must be a finite number in (0, 1e4], got {eps!r}")
+                raise AttackError(
+                    f"every epsilon must be a finite number > 0 and at most 1e4, got {eps!r}"
+                )
         if not (isinstance(self.delta, float) and 0 < self.delta < 1):
             raise AttackError(f"delta must be in (0, 1), got {self.delta!r}")
         for name in ("lr", "dp_lr", "max_grad_norm"):
@@ -145,7 +147,9 @@ class RunConfig:
         ):  # fmt: skip
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-                raise AttackError(f"{name} must be a whole number in [1, {high:,}], got {value!r}")
+                raise AttackError(
+                    f"{name} must be a whole number >= 1 and at most {high:,}, got {value!r}"
+                )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise AttackError(f"seed must be a whole number >= 0, got {self.seed!r}")
         if not self.epsilons and not self.nonprivate:
