@@ -1007,3 +1007,12 @@ def test_trained_checkpoint_damage_is_one_line(tmp_path: Path) -> None:
         with _time_limit(CASE_SECONDS):
             result = runner.invoke(app, [*args, "--epochs", "2"])
         assert_one_line_error(result.exit_code, result.stdout, result.stderr, "checkpoint")
+
+
+def test_an_output_path_that_looks_like_rich_markup_works(tmp_path: Path) -> None:
+    out = tmp_path / "x[/]y"
+    args = ["train", "--out", str(out), "--dataset", "digits", "--model", "logreg", "--epochs", "1"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.stderr
+    assert f"wrote {out}" in result.stderr
+    assert (out / "model.json").is_file()

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from privacylab.cli._common import (
     MAX_EPOCHS,
@@ -129,7 +130,7 @@ def attack_membership_command(
             return
         _print_summary(
             {
-                "title": f"membership inference on {target}",
+                "title": f"membership inference on {escape(str(target))}",
                 "targets": [
                     {
                         "name": game.name,
