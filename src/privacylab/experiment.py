@@ -363,7 +363,8 @@ def run_experiment(
 ) -> dict[str, Any]:
     """Train, attack and report; writes `out/results.json` and `out/index.html` and returns the
     payload. Trained models live under `cache` (default `out/cache`) with their store. `games`
-    replaces the targets `config` would train (a user's own model, see `privacylab.byo`).
+    replaces the targets `config` would train (a user's own model, see `privacylab.byo`); the
+    caller then validates `config` (its dataset and sizes describe no game of its own).
 
     Each target gets a `verdict`: it leaks when an attack's TPR at 0.1% FPR exceeds
     `verdict_threshold` (default 0.002, twice chance) with 95% confidence over all attacks (see
@@ -383,7 +384,8 @@ def run_experiment(
         target_verdict,
     )
 
-    config.validate()
+    if games is None:
+        config.validate()  # caller-made games come with a config its maker validated
     verdict_threshold = check_threshold(verdict_threshold)
     start = time.perf_counter()
     out = Path(out)
