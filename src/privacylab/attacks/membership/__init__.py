@@ -23,6 +23,7 @@ from privacylab.attacks.membership.base import (
     run_attack,
     subsampled_attacks,
 )
+from privacylab.attacks.membership.references import reference_keep
 from privacylab.attacks.membership.result import AttackError, MembershipResult
 
 
@@ -52,6 +53,7 @@ __all__ = [
     "default_suite",
     "discover",
     "make_attack",
+    "reference_keep",
     "register_attack",
     "run_attack",
     "subsampled_attacks",

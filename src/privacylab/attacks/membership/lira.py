@@ -95,7 +95,11 @@ class LiRA(MembershipAttack):
         offline = ((phi - mu_out) / sd_out).mean(0)
         if not self.online:
             if (n_out == 0).any():
-                raise AttackError("offline LiRA needs at least one OUT model for every candidate")
+                raise AttackError(
+                    "offline LiRA needs at least one OUT model for every candidate; build the "
+                    "references' keep mask with privacylab.attacks.membership.reference_keep, "
+                    "which makes every example IN for half of them and OUT for the rest"
+                )
             return AttackScores(offline, None, params)
         mu_in, sd_in, n_in = _moments(ref_phi, keep, fixed)
         ratio = (_log_normal(phi, mu_in, sd_in) - _log_normal(phi, mu_out, sd_out)).sum(0)
