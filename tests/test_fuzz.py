@@ -947,7 +947,10 @@ def test_no_small_bad_file_allocates_more_than_256_mb(files: dict[str, Path]) ->
 
 def test_python_api_raises_privacylab_errors(files: dict[str, Path]) -> None:
     from privacylab.accounting import calibrate_noise_multiplier, dp_sgd, make_accountant
+    from privacylab.audit.job import run_audit
     from privacylab.data import load_dataset, load_numpy_pickle, read_idx
+    from privacylab.execution.ray_executor import RayExecutor
+    from privacylab.experiment import RunConfig
     from privacylab.models import build_model, load_model
 
     calls: list[Callable[[], object]] = [
@@ -964,6 +967,11 @@ def test_python_api_raises_privacylab_errors(files: dict[str, Path]) -> None:
         lambda: load_model(files["model:weights-offsets-outside"]),
         lambda: load_model(files["model:sidecar-spec-shape-str"]),
         lambda: build_model("mlp", (1, 28, 28), 10, widths=[2_000_000_000]),
+        lambda: RunConfig(model="bogus").validate(),
+        lambda: RunConfig(model_options={"widths": [100_000, 100_000]}).validate(),
+        lambda: RunConfig(lr=1e308).validate(),
+        lambda: run_audit("dirac", epsilon=1.0, trials=10**30, store=files["base"] / "a.sqlite"),
+        lambda: RayExecutor(1, address="127.0.0.1:1", connect_timeout=2).start(),
     ]
     for call in calls:
         with pytest.raises(PrivacylabError) as info:

@@ -6,12 +6,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from privacylab.audit.result import AuditResult
+from privacylab.errors import PrivacylabError
 from privacylab.execution import Executor, ResultStore
 from privacylab.registry import Registry
 
 POISONING = ("backdoor", "clipbkd", "mi")
 MAX_TRIALS = 10**6
 """Most trials (and poisoned rows k) an audit accepts."""
+
+
+class AuditInputError(PrivacylabError, ValueError):
+    """An audit option is out of range; the message is one line."""
 
 
 class _AuditRun(Protocol):
@@ -95,9 +100,11 @@ def run_audit(
         if value is None and name == "k":
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_TRIALS:
-            raise ValueError(f"{name} must be a whole number in [1, {MAX_TRIALS:,}], got {value!r}")
+            raise AuditInputError(
+                f"{name} must be a whole number in [1, {MAX_TRIALS:,}], got {value!r}"
+            )
     if not (isinstance(confidence, float) and 0 < confidence < 1):
-        raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
+        raise AuditInputError(f"confidence must be in (0, 1), got {confidence!r}")
     settings: dict[str, Any] = {
         "dataset": dataset, "model": model, "epsilon": epsilon, "delta": delta, "seed": seed,
     }  # fmt: skip
