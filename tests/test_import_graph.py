@@ -51,13 +51,7 @@ LAYERS: dict[str, int] = {
 errors <- registry, stats <- accounting <- mechanisms/data/models/execution <- target/training
 <- attacks/audit/defenses/report <- experiment <- byo <- cli <- __main__."""
 
-SAME_LAYER: dict[tuple[str, str], str] = {
-    ("audit", "report"): (
-        "audit.whitebox imports epsilon_from_counts/roc_counts from report.metrics, which only "
-        "re-exports privacylab.stats; harmless (report imports nothing of audit) and to be "
-        "pointed at privacylab.stats directly"
-    ),
-}
+SAME_LAYER: dict[tuple[str, str], str] = {}
 """Same-layer edges that are allowed, with why."""
 
 ONLY: dict[str, set[str]] = {

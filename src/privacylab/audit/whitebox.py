@@ -90,7 +90,7 @@ from privacylab.audit.result import AuditResult
 from privacylab.audit.runner import run_trials
 from privacylab.audit.statistics import epsilon_from_gdp_mu, epsilon_lower_bound_gdp
 from privacylab.execution import Executor, ResultStore
-from privacylab.report.metrics import epsilon_from_counts, epsilon_lower_bound, roc_counts
+from privacylab.stats import epsilon_from_counts, epsilon_lower_bound, roc_counts
 
 METHOD = "dirac"
 SCORES: tuple[str, ...] = ("likelihood_ratio", "sum")
