@@ -9,6 +9,7 @@ from numpy.typing import ArrayLike
 from scipy import optimize
 
 from privacylab.accounting import _validate as check
+from privacylab.accounting.events import EventLedger, Gaussian
 from privacylab.accounting.gdp import gaussian_delta, gaussian_epsilon
 from privacylab.mechanisms._checks import finite_array, generator
 
@@ -73,12 +74,23 @@ def gaussian_epsilon_for(sigma: float, delta: float, sensitivity: float = 1.0) -
 
 
 def add_gaussian_noise(
-    value: ArrayLike, sigma: float, rng: np.random.Generator | int
+    value: ArrayLike,
+    sigma: float,
+    rng: np.random.Generator | int,
+    *,
+    sensitivity: float = 1.0,
+    ledger: EventLedger | None = None,
 ) -> np.ndarray:
     """`value` + N(0, σ² I), the Gaussian mechanism (Dwork & Roth 2014, Definition A.1).
 
-    `rng` is a numpy Generator or an integer seed.
+    `rng` is a numpy Generator or an integer seed. With a `ledger`, the release is recorded as
+    the event `Gaussian(σ / sensitivity)` (`sensitivity`: the L2 sensitivity of `value`), so an
+    accountant can bound everything a program released.
     """
     array = finite_array("value", value)
     sigma = check.positive("sigma", sigma)
-    return array + generator(rng).normal(0.0, sigma, size=array.shape)
+    sensitivity = check.positive("sensitivity", sensitivity)
+    noisy = array + generator(rng).normal(0.0, sigma, size=array.shape)
+    if ledger is not None:
+        ledger.record(Gaussian(sigma / sensitivity))
+    return noisy

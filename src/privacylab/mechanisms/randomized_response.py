@@ -13,6 +13,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from privacylab.accounting import _validate as check
+from privacylab.accounting.events import EventLedger, RandomizedResponse
 from privacylab.mechanisms._checks import generator
 
 
@@ -49,10 +50,19 @@ def rr_keep_probability(epsilon: float, k: int) -> float:
 
 
 def randomized_response(
-    values: ArrayLike, epsilon: float, k: int, rng: np.random.Generator | int
+    values: ArrayLike,
+    epsilon: float,
+    k: int,
+    rng: np.random.Generator | int,
+    *,
+    ledger: EventLedger | None = None,
 ) -> np.ndarray:
     """Report each value in [0, k) truthfully w.p. p = `rr_keep_probability(ε, k)`, else a
-    uniformly random *other* value (Wang et al. 2017, direct encoding). Shape is kept."""
+    uniformly random *other* value (Wang et al. 2017, direct encoding). Shape is kept.
+
+    With a `ledger`, the call is recorded as one `RandomizedResponse(ε, k)` event: each
+    individual's value is randomised once (one value per individual; a call that reports
+    several values of one individual is several releases and must be recorded as such)."""
     k = _categories(k)
     p = rr_keep_probability(epsilon, k)
     truth = _labels("values", values, k)
@@ -60,6 +70,8 @@ def randomized_response(
     keep = gen.random(truth.shape) < p
     other = gen.integers(0, k - 1, size=truth.shape)
     other = other + (other >= truth)
+    if ledger is not None:
+        ledger.record(RandomizedResponse(epsilon=float(epsilon), k=k))
     return np.where(keep, truth, other)
 
 
