@@ -180,8 +180,10 @@ class RunConfig:
         if not isinstance(self.model_options, dict):
             raise AttackError(f"model_options must be a dict, got {self.model_options!r}")
         from privacylab.data.info import dataset_info
+        from privacylab.models import model_options
         from privacylab.models._checks import parameter_shapes
 
+        model_options(self.model)  # an unknown model name is refused before the data load
         data = dataset_info(self.dataset, self.root)
         parameter_shapes(self.model, data.input_shape, data.num_classes, dict(self.model_options))
         if 2 * self.members > data.size:

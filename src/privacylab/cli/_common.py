@@ -426,8 +426,10 @@ def _model_fits(dataset: str, model: str, options: dict[str, Any], root: str | P
     """Load `dataset` and check that `model` with `options` builds for it within the parameter
     limit (on the meta device: nothing is allocated), before any training."""
     from privacylab.data.info import dataset_info
+    from privacylab.models import model_options
     from privacylab.models._checks import parameter_shapes
 
+    model_options(model)  # an unknown model name is refused before the data load
     data = dataset_info(dataset, root)
     parameter_shapes(model, data.input_shape, data.num_classes, dict(options))
 
