@@ -302,7 +302,7 @@ def prepare_games(
     target. Each model is recorded in `cache/store.sqlite` as it finishes, so a killed run
     resumes and a second run trains nothing."""
     config.validate()
-    cache = Path(cache)
+    cache = Path(cache).expanduser().resolve()
     cache.mkdir(parents=True, exist_ok=True)
     data = load_dataset(config.dataset, config.root)
     population = None
@@ -625,13 +625,14 @@ def model_game(
     nonmembers, population = np.sort(order[: len(order) // 2]), np.sort(order[len(order) // 2 :])
     candidates = np.concatenate([members, nonmembers])
     membership = np.r_[np.ones(len(members), np.int64), np.zeros(len(nonmembers), np.int64)]
-    with ResultStore(Path(cache) / "store.sqlite") as store:
+    cache = Path(cache).expanduser().resolve()
+    with ResultStore(cache / "store.sqlite") as store:
         pool = train_references(
             recipe,
             np.concatenate([candidates, population]),
             references,
             len(members),
-            Path(cache) / "references",
+            cache / "references",
             store=store,
             executor=make_executor("local", workers),
             seed=seed,

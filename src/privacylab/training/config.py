@@ -18,6 +18,10 @@ class TrainingError(PrivacylabError, ValueError):
     """A training option is invalid; the message is one line for the user."""
 
 
+MAX_LR = 1e3
+"""Largest learning rate accepted: anything above diverges at once (the CLI's bound too)."""
+
+
 def _number(name: str, value: object, *, low: float, strict: bool = True) -> float:
     try:
         number = float(value)  # type: ignore[arg-type]
@@ -108,7 +112,8 @@ class TrainConfig:
         """Check every option; raise TrainingError with one line for the first bad one."""
         _whole("epochs", self.epochs)
         _whole("batch size", self.batch_size)
-        _number("learning rate", self.lr, low=0.0)
+        if _number("learning rate", self.lr, low=0.0) > MAX_LR:
+            raise TrainingError(f"learning rate must be at most {MAX_LR:g}, got {self.lr!r}")
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _number("momentum", self.momentum, low=0.0, strict=False)
         _number("weight decay", self.weight_decay, low=0.0, strict=False)
