@@ -162,6 +162,9 @@ def run_command(
                 progress=stages,
                 verdict_threshold=verdict_threshold,
             )
+        finish(payload)
+
+    def finish(payload: dict[str, Any]) -> None:
         if json_output:
             _emit_json(payload)
             return
@@ -216,10 +219,6 @@ def run_command(
                 progress=stages,
                 verdict_threshold=verdict_threshold,
             )
-        if json_output:
-            _emit_json(payload)
-            return
-        _print_summary(payload)
-        _say(_stderr(), f"wrote {out / 'index.html'} and {out / 'results.json'}")
+        finish(payload)
 
     _guarded(run)

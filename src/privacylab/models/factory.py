@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from privacylab.models.errors import ModelError
+from privacylab.models.storage import shape_mismatch
 
 MAX_WEIGHTS_BYTES = 8 * 1024**3
 """Largest weights file `load_weights` reads (8 GiB)."""
@@ -158,19 +159,10 @@ def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
         tensors = load_file(str(file))
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
         raise ModelError(f"{file} is not a readable safetensors file: {error}") from None
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    resized = sorted(
-        f"{k} {tuple(tensors[k].shape)} != {expected[k]}"
-        for k in set(expected) & set(tensors)
-        if tuple(tensors[k].shape) != expected[k]
+    problems = shape_mismatch(
+        {k: tuple(v.shape) for k, v in model.state_dict().items()},
+        {k: tuple(v.shape) for k, v in tensors.items()},
     )
-    problems = [
-        f"{label}: {', '.join(items[:4])}{' ...' if len(items) > 4 else ''}"
-        for label, items in (("missing", missing), ("unexpected", unexpected), ("shape", resized))
-        if items
-    ]
     if problems:
         raise ModelError(f"weights in {file} do not fit the model: {'; '.join(problems)}")
     model.load_state_dict(tensors, strict=True)

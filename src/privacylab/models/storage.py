@@ -242,12 +242,11 @@ def _check_fits(
     _check_fits_shapes(spec, reference, {k: tuple(v.shape) for k, v in tensors.items()}, where)
 
 
-def _check_fits_shapes(
-    spec: ModelSpec,
-    reference: Mapping[str, tuple[int, ...]],
-    tensors: Mapping[str, tuple[int, ...]],
-    where: str,
-) -> None:
+def shape_mismatch(
+    reference: Mapping[str, tuple[int, ...]], tensors: Mapping[str, tuple[int, ...]]
+) -> list[str]:
+    """What keeps the tensor shapes `tensors` from filling a model whose state dict has the
+    shapes `reference`: missing, unexpected and resized entries (empty when they fit)."""
     missing = sorted(set(reference) - set(tensors))
     unexpected = sorted(set(tensors) - set(reference))
     resized = sorted(
@@ -255,10 +254,19 @@ def _check_fits_shapes(
         for k in set(reference) & set(tensors)
         if tensors[k] != reference[k]
     )
-    problems = [
+    return [
         f"{label}: {', '.join(items[:5])}{' ...' if len(items) > 5 else ''}"
         for label, items in (("missing", missing), ("unexpected", unexpected), ("shape", resized))
         if items
     ]
+
+
+def _check_fits_shapes(
+    spec: ModelSpec,
+    reference: Mapping[str, tuple[int, ...]],
+    tensors: Mapping[str, tuple[int, ...]],
+    where: str,
+) -> None:
+    problems = shape_mismatch(reference, tensors)
     if problems:
         raise ModelError(f"weights of {where} do not fit spec {spec.name!r}: {'; '.join(problems)}")
