@@ -80,7 +80,9 @@ def test_user_model_cli_python_and_zoo_paths_agree(user_files, tmp_path):
     assert cli["verdict_threshold"] == 0.01 and python["verdict_threshold"] == 0.002
     # the most exposed examples are named by their row in the user's data
     (target,) = cli["targets"]
-    assert "verdict" in target and "risk" in target
+    assert "verdict" in target
+    exposed = target["risk"]["most_exposed"]
+    assert exposed and all(0 <= row["index"] < 240 for row in exposed)  # training rows
 
     data = load_arrays(user_files["data"])
     zoo = build_model("mlp", (1, 8, 8), 10, widths=(32,), activation="tanh")

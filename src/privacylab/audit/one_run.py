@@ -52,6 +52,7 @@ from privacylab.audit._checks import confidence_level, positive, whole
 from privacylab.audit.result import AuditResult
 from privacylab.audit.statistics import one_run_epsilon_lower_bound
 from privacylab.data import CANARY_KINDS, Dataset, insert_canaries, load_dataset
+from privacylab.execution.executor import torch_threads
 from privacylab.models import build_model
 
 VARIANTS = ("one-run", "one-run-whitebox")
@@ -358,13 +359,13 @@ def run_one_run_audit(config: OneRunAudit, *, confidence: float = 0.95) -> Audit
         _fail(f"config must be a OneRunAudit, got {type(config).__name__}")
     config.validate()
     overall = confidence_level(confidence)
-    torch.set_num_threads(1)
     start = time.perf_counter()
     included = np.random.default_rng([config.seed, 1]).random(config.m) < 0.5
-    if config.variant == "one-run":
-        scores, info = _black_box(config, included)
-    else:
-        scores, info = _white_box(config, included)
+    with torch_threads(1):
+        if config.variant == "one-run":
+            scores, info = _black_box(config, included)
+        else:
+            scores, info = _white_box(config, included)
     pairs = config.guess_counts()
     level = 1.0 - (1.0 - overall) / len(pairs)
     best: tuple[float, int, int, int, int] | None = None

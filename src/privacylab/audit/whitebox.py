@@ -90,6 +90,7 @@ from privacylab.audit.result import AuditResult
 from privacylab.audit.runner import run_trials
 from privacylab.audit.statistics import epsilon_from_gdp_mu, epsilon_lower_bound_gdp
 from privacylab.execution import Executor, ResultStore
+from privacylab.execution.executor import torch_threads
 from privacylab.stats import epsilon_from_counts, epsilon_lower_bound, roc_counts
 
 METHOD = "dirac"
@@ -320,7 +321,12 @@ def whitebox_trial(task: dict[str, Any]) -> dict[str, Any]:
     (D0) and one with them (D1), with seeds derived from (seed, i), and returns every canary's
     score in each, ``{"score_out": [...], "score_in": [...]}``.
     """
-    torch.set_num_threads(1)
+    with torch_threads(1):
+        return _whitebox_trial(task)
+
+
+def _whitebox_trial(task: dict[str, Any]) -> dict[str, Any]:
+    """The trial itself (see the public wrapper)."""
     config = DiracAudit(**task["config"])
     index = whole("trial", task["trial"], 0)
     claimed = config.reported_noise_multiplier()
@@ -551,7 +557,12 @@ def per_step_trial(task: dict[str, Any]) -> dict[str, Any]:
     """Design (b): one run of ``config["per_step_steps"]`` steps, each canary added at each step
     with probability ½ (its own coin); returns the coins and the observations z = o/(σC), both of
     shape (canaries, steps) (top-level and picklable, for :func:`privacylab.audit.run_trials`)."""
-    torch.set_num_threads(1)
+    with torch_threads(1):
+        return _per_step_trial(task)
+
+
+def _per_step_trial(task: dict[str, Any]) -> dict[str, Any]:
+    """The trial itself (see the public wrapper)."""
     fields = dict(task["config"])
     steps = whole("per_step_steps", fields.pop("per_step_steps", None), 2)
     audited = DiracAudit(**fields)

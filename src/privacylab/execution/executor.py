@@ -13,7 +13,7 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import closing
+from contextlib import closing, contextmanager
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from privacylab.execution.store import ResultStore, encode_value
@@ -91,6 +91,23 @@ def _init_worker(threads: int) -> None:
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.set_num_threads(threads)
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run the block with torch's intra-op pool at `threads`, then restore the caller's count.
+
+    Work units (audit trials, attack loops of small forward passes) run fastest on one thread,
+    but when they run in the caller's process (serial executor, one worker) the caller's thread
+    count must survive them."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class LocalExecutor:

@@ -26,13 +26,15 @@ import numbers
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from privacylab.errors import PrivacylabError
+
+T = TypeVar("T")
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 60_000
@@ -46,6 +48,22 @@ CREATE TABLE IF NOT EXISTS results (
     PRIMARY KEY (namespace, key)
 )
 """
+
+
+def _retry_locked(action: Callable[[], T], seconds: float = BUSY_TIMEOUT_MS / 1000) -> T:
+    """Run `action`, retrying while SQLite says the database is locked. Switching to WAL and
+    the first schema transaction take locks for which SQLite's busy handler is not always
+    consulted, so two processes opening one new store at once need this loop."""
+    deadline = time.monotonic() + seconds
+    pause = 0.01
+    while True:
+        try:
+            return action()
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
 
 
 class StoreError(PrivacylabError, ValueError):
@@ -141,11 +159,11 @@ class ResultStore:
             )
             self._conn = conn
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = _retry_locked(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             if str(mode).lower() != "wal":
                 raise sqlite3.DatabaseError(f"cannot switch to WAL journal mode (got {mode!r})")
             conn.execute("PRAGMA synchronous = FULL")
-            self._init_schema(conn)
+            _retry_locked(lambda: self._init_schema(conn))
 
     def _init_schema(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
