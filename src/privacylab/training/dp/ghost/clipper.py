@@ -123,6 +123,9 @@ class ForwardTape:
     layers: Sequence[GhostLayer]
     batch_size: int
     records: list[_Record] = field(default_factory=list)
+    batch_first: dict[tuple[int, int], bool] | None = None
+    """From `probe_batch_first`: whether the k-th call of layer i carries the batch in dim 0."""
+    _calls: Counter[int] = field(default_factory=Counter)
 
     @contextmanager
     def recording(self) -> Iterator[None]:
@@ -139,11 +142,22 @@ class ForwardTape:
 
     def _hook(self, index: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Tensor) -> None:
+            call = self._calls[index]
+            self._calls[index] += 1
             if not torch.is_grad_enabled() or not isinstance(output, Tensor):
                 return
             if not output.requires_grad:
                 return
             activation = args[0] if args else next(iter(kwargs.values()))
+            if self.batch_first is not None and not self.batch_first.get((index, call), False):
+                layer = self.layers[index]
+                raise GhostClippingError(
+                    f"layer {describe(layer.path, layer.module)} is called on a tensor whose "
+                    "dimension 0 is not the batch (it kept its size when the batch size changed, "
+                    "e.g. positions arange(L) or a sequence-first input), so per-example norms "
+                    "would be taken along the wrong axis; expand it over the batch, make it "
+                    "batch-first, or use clipping='per_sample'"
+                )
             if activation.shape[:1] != (self.batch_size,) or output.shape[:1] != (self.batch_size,):
                 layer = self.layers[index]
                 raise GhostClippingError(
@@ -266,6 +280,67 @@ def _walk(root: object, recorded: set[object]) -> tuple[dict[object, bool], dict
     return reaches, uses
 
 
+def probe_batch_first(
+    model: nn.Module, layers: Sequence[GhostLayer], inputs: tuple[Tensor, ...]
+) -> dict[tuple[int, int], bool]:
+    """Which layer calls see the batch in dimension 0, told by provenance rather than by size.
+
+    A layer input's dimension 0 is the batch exactly when it follows the batch size: the model
+    is run (without gradients, in eval mode, with the RNG state restored afterwards, so training
+    is unchanged) on 1 and on 2 examples, and the k-th call of layer i is batch-first iff its
+    input and output have 1 row in the first run and 2 in the second. Comparing sizes with the
+    batch size instead is fooled whenever a non-batch dimension happens to equal it (positions
+    `arange(L)` with L == B, a sequence-first (T, B, d) input with T == B), which clips along the
+    wrong axis silently: the privacy bug this probe closes. A model whose calls differ between
+    the two runs is refused.
+    """
+    sizes: list[list[tuple[int, int, int]]] = [[], []]
+
+    def hook(index: int, run: int) -> Callable[..., None]:
+        def record(module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
+            activation = args[0] if args else next(iter(kwargs.values()), None)
+            first = (
+                activation.shape[0] if isinstance(activation, Tensor) and activation.ndim else -1
+            )
+            out = output.shape[0] if isinstance(output, Tensor) and output.ndim else -1
+            sizes[run].append((index, first, out))
+
+        return record
+
+    rows = [
+        tuple(x[:1] for x in inputs),
+        tuple(torch.cat([x[:1], x[-1:]]) if x.shape[0] < 2 else x[:2] for x in inputs),
+    ]
+    was_training = model.training
+    devices = sorted({x.device.index for x in inputs if x.device.type == "cuda"} - {None})
+    try:
+        model.eval()
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            for run, batch in enumerate(rows):
+                handles = [
+                    layer.module.register_forward_hook(hook(i, run), with_kwargs=True)
+                    for i, layer in enumerate(layers)
+                ]
+                try:
+                    model(*batch)
+                finally:
+                    for handle in handles:
+                        handle.remove()
+    finally:
+        model.train(was_training)
+    if [i for i, _, _ in sizes[0]] != [i for i, _, _ in sizes[1]]:
+        raise GhostClippingError(
+            "the model calls its layers differently for 1 and 2 examples, so ghost clipping "
+            "cannot tell which dimension is the batch; use clipping='per_sample'"
+        )
+    out: dict[tuple[int, int], bool] = {}
+    seen: Counter[int] = Counter()
+    for (index, a1, o1), (_, a2, o2) in zip(sizes[0], sizes[1], strict=True):
+        out[(index, seen[index])] = (a1, o1, a2, o2) == (1, 1, 2, 2)
+        seen[index] += 1
+    return out
+
+
 class GhostClipping:
     """Clipped per-example gradient sums by ghost clipping and book-keeping (Bu et al. 2023).
 
@@ -288,6 +363,7 @@ class GhostClipping:
         self.model = model
         self.loss_fn = loss_fn
         self.thresholds = thresholds
+        self._batch_first: dict[tuple[int, int], bool] | None = None
         self.layers, problems = ghost_layers(model)
         if problems:
             raise GhostClippingError(problems[0])
@@ -313,7 +389,9 @@ class GhostClipping:
             into = GradientBuffers(
                 {n: p for n, p in self.model.named_parameters() if p.requires_grad}
             )
-        tape = ForwardTape(self.layers, batch)
+        if self._batch_first is None and batch > 0:
+            self._batch_first = probe_batch_first(self.model, self.layers, inputs)
+        tape = ForwardTape(self.layers, batch, batch_first=self._batch_first)
         with torch.enable_grad(), tape.recording():
             outputs = self.model(*inputs)
             losses = per_example_losses(self.loss_fn, outputs, targets, batch, inputs)
