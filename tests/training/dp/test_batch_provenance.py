@@ -32,7 +32,10 @@ def _brute_force_update(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> l
     total = [torch.zeros_like(p) for p in params]
     for i in range(x.shape[0]):
         xi = x[i : i + 1] if x.is_floating_point() is False else x[i : i + 1].double()
-        grads = torch.autograd.grad(_loss(model(xi), y[i : i + 1]).sum(), params)
+        grads = torch.autograd.grad(_loss(model(xi), y[i : i + 1]).sum(), params, allow_unused=True)
+        grads = [
+            torch.zeros_like(p) if g is None else g for p, g in zip(params, grads, strict=True)
+        ]
         norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
         factor = min(1.0, C / float(norm))
         for t, g in zip(total, grads, strict=True):
@@ -132,3 +135,51 @@ def test_an_empty_first_batch_does_not_fool_the_probe():
     engine.step((torch.zeros(0, 1, 8, 8),), torch.zeros(0, dtype=torch.int64))
     engine.step((torch.randn(4, 1, 8, 8),), torch.randint(0, 3, (4,)))
     assert engine.clipping == "ghost"
+
+
+class Functional(nn.Module):
+    """`fc` is used only through F.linear, never called: ghost clipping sees no call of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 4)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(torch.tanh(self.body(x)), self.fc.weight, self.fc.bias)
+
+
+class UnusedHead(nn.Module):
+    """A head that is never used: its zero gradient is right, and ghost clipping keeps going."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Linear(4, 3)
+        self.spare = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+
+@pytest.mark.filterwarnings("ignore:clipping='auto' switches")
+def test_a_parameter_used_outside_its_layer_is_refused_not_zeroed():
+    torch.manual_seed(0)
+    model = Functional()
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    with pytest.raises(GhostClippingError, match=r"parameter fc\.weight reaches the loss"):
+        _update(model, x, y, "ghost")
+    engine, update = _update(model, x, y, "auto")
+    assert engine.clipping == "per_sample"
+    for got, want in zip(update, _brute_force_update(model, x, y), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    assert update[-1].abs().sum() > 0  # fc.bias moved
+
+
+def test_an_unused_layer_keeps_ghost_clipping():
+    torch.manual_seed(0)
+    model = UnusedHead()
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    engine, update = _update(model, x, y, "ghost")
+    assert engine.clipping == "ghost"
+    for got, want in zip(update, _brute_force_update(model, x, y), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

@@ -396,6 +396,10 @@ class GhostClipping:
             outputs = self.model(*inputs)
             losses = per_example_losses(self.loss_fn, outputs, targets, batch, inputs)
         del outputs
+        called = {record.layer for record in tape.records}
+        idle = [layer for i, layer in enumerate(self.layers) if i not in called]
+        if idle and losses.requires_grad:
+            _refuse_use_outside_layers(idle, losses)
         states: list[tuple[GhostLayer, LayerGradients]] = []
         sq_norms: dict[str, Tensor] = {}
 
@@ -421,6 +425,28 @@ class GhostClipping:
                 local = {n: coef[_join(layer.path, n)] for n in layer.trainable}
                 state.clipped_sum(local, {n: into[_join(layer.path, n)] for n in layer.trainable})
         return ClippedBatch(into.tensors(), norms, losses.detach(), batch)
+
+
+def _refuse_use_outside_layers(idle: Sequence[GhostLayer], losses: Tensor) -> None:
+    """GhostClippingError if the loss depends on a parameter of a layer whose forward was not
+    called (e.g. `F.linear(x, fc.weight, fc.bias)`): ghost clipping sees only layer calls, so
+    such a parameter would get a zero norm and a zero gradient, silently."""
+    owned = [(layer, name) for layer in idle for name in layer.trainable]
+    with torch.enable_grad():
+        grads = torch.autograd.grad(
+            losses.sum(),
+            [getattr(layer.module, name) for layer, name in owned],
+            allow_unused=True,
+            retain_graph=True,
+        )
+    for (layer, name), grad in zip(owned, grads, strict=True):
+        if grad is not None:
+            raise GhostClippingError(
+                f"parameter {_join(layer.path, name)} reaches the loss without its layer "
+                f"{describe(layer.path, layer.module)} being called (a functional call such as "
+                "F.linear(x, layer.weight)?); ghost clipping would give it a zero gradient — call "
+                "the layer, or use clipping='per_sample'"
+            )
 
 
 def _join(path: str, name: str) -> str:
