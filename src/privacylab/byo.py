@@ -33,6 +33,7 @@ from privacylab.data import Dataset, load_dataset
 from privacylab.data.arrays import save_arrays
 from privacylab.experiment import Progress, RunConfig, model_game, run_experiment
 from privacylab.models.factory import absolute_reference, build_from_factory, load_weights
+from privacylab.models.storage import shape_mismatch
 from privacylab.report.verdict import check_threshold
 from privacylab.training import PrivacyConfig, TrainConfig
 
@@ -129,9 +130,12 @@ def _preflight(reference: str, data: Dataset, train: dict[str, Any], model: nn.M
             raise AttackError(
                 f"{what} returns {shape} for 2 rows; expected (2, {data.num_classes}) scores"
             )
-    for name, value in fresh.state_dict().items():
-        if name not in model.state_dict() or model.state_dict()[name].shape != value.shape:
-            raise AttackError(f"your trained model and the factory's differ at {name!r}")
+    problems = shape_mismatch(
+        {k: tuple(v.shape) for k, v in fresh.state_dict().items()},
+        {k: tuple(v.shape) for k, v in model.state_dict().items()},
+    )
+    if problems:
+        raise AttackError(f"your trained model and the factory's differ: {'; '.join(problems)}")
     privacy = train.get("privacy")
     if train.get("train_fn") is None and privacy:
         from privacylab.training.dp.engine import check_no_batch_norm

@@ -42,6 +42,7 @@ from privacylab.attacks.membership.references import (
 from privacylab.attacks.membership.result import AttackError
 from privacylab.data import Dataset, load_dataset, membership_split, train_test_indices
 from privacylab.execution import ResultStore, config_key, durable_map, make_executor
+from privacylab.execution.executor import torch_threads
 from privacylab.models import load_model
 from privacylab.report import membership_metrics
 from privacylab.target import Target
@@ -258,9 +259,7 @@ def attack_target(
     Attacks are loops of small batched forward passes; they run on one torch thread, which on a
     shared machine is many times faster than an OpenMP pool spinning for cores (restored after).
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         results = []
         small = _subsample(membership, subsample, seed)
         small_task = task.subset(small)
@@ -275,8 +274,6 @@ def attack_target(
         if progress:
             progress("attacks done", len(attacks), len(attacks))
         return results
-    finally:
-        torch.set_num_threads(threads)
 
 
 @dataclass(eq=False)
@@ -639,7 +636,7 @@ def model_game(
             on_done=_counter(progress, "references", references),
             train_fn=train_fn,
         )
-    target = Target(model, "white-box", data.num_classes, device=device, **_outputs(outputs))
+    target = Target(model, "white-box", data.num_classes, device=device, outputs=outputs)
     task = _task(data, candidates, population, pool.models, pool.keep)
     accuracy = _accuracy(target, data.features[nonmembers], data.labels[nonmembers])
     record = {
@@ -648,10 +645,3 @@ def model_game(
         "epsilon": epsilon,
     }
     return Game(name, recipe, record, target, task, membership, accuracy, candidates)
-
-
-def _outputs(outputs: str) -> dict[str, Any]:
-    """`Target`'s `outputs` keyword when the target accepts it (probabilities vs logits)."""
-    if outputs not in ("logits", "probabilities"):
-        raise AttackError(f"outputs must be logits or probabilities, got {outputs!r}")
-    return {} if outputs == "logits" else {"outputs": outputs}

@@ -48,6 +48,7 @@ from privacylab.audit.runner import run_trials
 from privacylab.audit.statistics import epsilon_lower_bound_poisoning
 from privacylab.data import Dataset, load_dataset
 from privacylab.execution import Executor, ResultStore
+from privacylab.execution.executor import torch_threads
 from privacylab.models import build_model
 from privacylab.training import PrivacyConfig, TrainConfig, train
 
@@ -306,9 +307,7 @@ def _train_one(
 def poisoning_trial(task: dict[str, Any]) -> dict[str, Any]:
     """One iteration of Jagielski et al. 2020, Algorithm 2: train A(D0) and A(D1) once each
     (seeds derived from the trial index) and return both test statistics."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_threads(1):
         config, trial = task["config"], int(task["trial"])
         setup = _setup(config)
         return {
@@ -316,8 +315,6 @@ def poisoning_trial(task: dict[str, Any]) -> dict[str, Any]:
             "stat_d0": _train_one(config, setup.d0, setup, trial, 0),
             "stat_d1": _train_one(config, setup.d1, setup, trial, 1),
         }
-    finally:
-        torch.set_num_threads(threads)
 
 
 # ---------------------------------------------------------------- threshold and bound
