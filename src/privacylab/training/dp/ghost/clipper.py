@@ -107,6 +107,8 @@ def ghost_layers(model: nn.Module) -> tuple[list[GhostLayer], list[str]]:
 class _Record:
     layer: int
     activation: Tensor | None
+    args: tuple
+    kwargs: dict
     version: int
     edge: GradientEdge
     shape: torch.Size
@@ -166,10 +168,13 @@ class ForwardTape:
                     "ghost clipping needs every layer to see the batch in dimension 0 (expand "
                     "e.g. position indices over the batch) — or use clipping='per_sample'"
                 )
+            detached = activation.detach()
             self.records.append(
                 _Record(
                     index,
-                    activation.detach(),
+                    detached,
+                    tuple(detached if a is activation else _detach(a) for a in args),
+                    {k: _detach(v) for k, v in kwargs.items()},
                     activation._version,
                     get_gradient_edge(output),
                     output.shape,
@@ -200,6 +205,8 @@ class ForwardTape:
             if activation is None:
                 return
             record.activation = None
+            args, kwargs = record.args, record.kwargs
+            record.args, record.kwargs = (), {}
             if activation._version != record.version:
                 layer = self.layers[record.layer]
                 raise GhostClippingError(
@@ -210,7 +217,7 @@ class ForwardTape:
             if grad is None:
                 grad = torch.zeros(record.shape, dtype=record.dtype, device=activation.device)
             calls = pending.setdefault(record.layer, [])
-            calls.append(LayerCall(activation, grad))
+            calls.append(LayerCall(activation, grad, args or (activation,), kwargs))
             if len(calls) == expected[record.layer]:
                 on_layer(record.layer, pending.pop(record.layer))
 
@@ -447,6 +454,10 @@ def _refuse_use_outside_layers(idle: Sequence[GhostLayer], losses: Tensor) -> No
                 "F.linear(x, layer.weight)?); ghost clipping would give it a zero gradient — call "
                 "the layer, or use clipping='per_sample'"
             )
+
+
+def _detach(value: object) -> object:
+    return value.detach() if isinstance(value, Tensor) else value
 
 
 def _join(path: str, name: str) -> str:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch import Tensor, nn
 
@@ -28,10 +29,16 @@ class LayerCall:
         backprop: ∂(Σ_i L_i)/∂(layer output), same shape as the output.  Because the loss is a
             sum of per-example losses and the model has no cross-example operation, row i is
             the gradient of L_i alone.
+        args: every positional argument of the call (tensors detached; ``args[0]`` is
+            ``activation``), for rules of layers with several inputs (EmbeddingBag offsets,
+            attention keys and values).
+        kwargs: the keyword arguments of the call (tensors detached).
     """
 
     activation: Tensor
     backprop: Tensor
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 class LayerGradients(ABC):
