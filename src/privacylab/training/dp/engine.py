@@ -186,6 +186,7 @@ class DPSGD:
         self.ledger = EventLedger()
         self.unbounded_steps = 0
         self._auto = clipping == "auto"
+        self._ghost_problem: str | None = None
         self.clipping = self._resolve(clipping)
         self._clipper: GhostClipping | PerSampleClipping
         if self.clipping == "ghost":
@@ -201,6 +202,7 @@ class DPSGD:
         _, problems = ghost_layers(self.model)
         if not problems:
             return "ghost"
+        self._ghost_problem = problems[0]
         warnings.warn(
             f"clipping='auto' uses per_sample for the whole model: {problems[0]}",
             stacklevel=3,
@@ -274,9 +276,22 @@ class DPSGD:
                 f"clipping='auto' switches to per_sample for the whole model: {error}",
                 stacklevel=3,
             )
+            self._ghost_problem = str(error)
             self.clipping = "per_sample"
             self._clipper = PerSampleClipping(self.model, self.loss_fn, self.thresholds)
-            return self._clip_batch(inputs, y, GradientBuffers(self.params, into.init))
+            return self._per_sample_fallback(inputs, y, GradientBuffers(self.params, into.init))
+        except DPSGDError as error:
+            if self._auto and self._ghost_problem is not None:
+                raise DPSGDError(f"{error}; ghost clipping: {self._ghost_problem}") from error
+            raise
+
+    def _per_sample_fallback(
+        self, inputs: tuple[Tensor, ...], y: Tensor, into: GradientBuffers
+    ) -> ClippedBatch:
+        try:
+            return self._clip_batch(inputs, y, into)
+        except DPSGDError as error:
+            raise DPSGDError(f"{error}; ghost clipping: {self._ghost_problem}") from error
 
     def _clip_batch(
         self, inputs: tuple[Tensor, ...], y: Tensor, into: GradientBuffers

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from privacylab.training.dp.clipping import ClippedBatch, ClipThresholds, GradientBuffers
+from privacylab.training.dp.errors import DPSGDError
 from privacylab.training.dp.ghost.rules import PerExampleGradients
 from privacylab.training.dp.losses import per_example_losses
 
@@ -28,6 +29,35 @@ summed (measured: 1.5× faster than 64 MiB chunks for the 535k-parameter MLP).""
 MIN_CHUNK = 16
 """Fewest examples per vmap call (each call has a fixed tracing cost), unless that would hold
 more than 4 × ``CHUNK_ELEMENTS`` numbers."""
+
+
+_RECURRENT = {nn.LSTM: "DPLSTM", nn.GRU: "DPGRU", nn.RNN: "DPRNN"}
+
+
+def vmap_failure(model: nn.Module, error: BaseException) -> str:
+    """One line saying why ``vmap(grad(...))`` failed on ``model`` and what to do instead.
+
+    The usual causes are named by the layer that has them: the fused kernels of stock
+    nn.LSTM/GRU/RNN (their drop-in replacements in ``privacylab.training.dp.modules`` are made
+    of Linear layers), Embedding with ``max_norm`` (renormalises its weight in place during the
+    forward pass) or ``sparse=True``, and activation checkpointing (saved-tensor hooks).
+    """
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    hints = []
+    for path, module in model.named_modules():
+        where = f"'{path or '<model>'}' ({type(module).__name__})"
+        replacement = _RECURRENT.get(type(module))
+        if replacement is not None:
+            hints.append(
+                f"replace {where} by privacylab.training.dp.modules.{replacement} "
+                "(privacylab train --fix does it)"
+            )
+        elif isinstance(module, nn.Embedding) and (module.max_norm is not None or module.sparse):
+            hints.append(f"{where} needs max_norm=None and sparse=False")
+    if "saved tensor hooks" in first:
+        hints.append("activation checkpointing works with clipping='ghost' only")
+    advice = "; ".join(hints[:2]) or "use clipping='ghost' or check the model on one example"
+    return f"per-example gradients by torch.func.vmap failed ({first}): {advice}"
 
 
 class PerSampleClipping:
@@ -89,9 +119,12 @@ class PerSampleClipping:
             for start in range(0, batch, chunk):
                 s = slice(start, start + chunk)
                 with torch.enable_grad():
-                    grads, loss = self._per_example_grad(
-                        params, rest, tuple(t[s] for t in inputs), targets[s]
-                    )
+                    try:
+                        grads, loss = self._per_example_grad(
+                            params, rest, tuple(t[s] for t in inputs), targets[s]
+                        )
+                    except (RuntimeError, NotImplementedError) as error:
+                        raise DPSGDError(vmap_failure(self.model, error)) from error
                 state = PerExampleGradients(grads)
                 del grads
                 chunk_norms, coef = self.thresholds.coefficients(state.sq_norms())
