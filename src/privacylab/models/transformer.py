@@ -99,7 +99,9 @@ class TransformerClassifier(nn.Module):
             raise ModelError(
                 f"transformer: sequence length {length} exceeds max_len {self.max_len}"
             )
-        positions = torch.arange(length, device=tokens.device)
+        # Positions expanded over the batch, so the position embedding sees the batch in
+        # dimension 0 like every other layer (what per-example clipping by layer needs).
+        positions = torch.arange(length, device=tokens.device).expand(tokens.shape)
         x = self.dropout(self.tokens(tokens) + self.positions(positions))
         keep = None if self.pad_id is None else tokens != self.pad_id
         for block in self.blocks:
