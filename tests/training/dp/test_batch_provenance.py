@@ -183,3 +183,30 @@ def test_an_unused_layer_keeps_ghost_clipping():
     assert engine.clipping == "ghost"
     for got, want in zip(update, _brute_force_update(model, x, y), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+class CalledAndFunctional(nn.Module):
+    """`fc` is called once and its weight is also used through F.linear (a tied read-out)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.tanh(self.fc(x))
+        return self.out(torch.tanh(F.linear(hidden, self.fc.weight)))
+
+
+@pytest.mark.filterwarnings("ignore:clipping='auto' switches")
+def test_a_parameter_used_by_its_layer_and_outside_it_is_refused_not_half_counted():
+    torch.manual_seed(0)
+    model = CalledAndFunctional()
+    x, y = torch.randn(6, 4), torch.randint(0, 3, (6,))
+    with pytest.raises(GhostClippingError, match=r"parameter fc\.weight is used outside") as caught:
+        _update(model, x, y, "ghost")
+    assert "\n" not in str(caught.value)
+    engine, update = _update(model, x, y, "auto")
+    assert engine.clipping == "per_sample"
+    for got, want in zip(update, _brute_force_update(model, x, y), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
