@@ -1,0 +1,440 @@
+"""DP-SGD across processes with ``torch.distributed``: each rank clips its share, noise once.
+
+Abadi et al. 2016 ("Deep learning with differential privacy", CCS), Algorithm 1, run by W
+processes (ranks) that hold identical copies of the model:
+
+1. **One global Poisson sample.**  Every rank draws the same mask over the whole dataset of N
+   examples from a shared seed (each example in with probability q), so the batch is exactly
+   the one a single process would sample; it is then split among the ranks (``"balanced"``:
+   contiguous blocks of the sorted sampled indices, sizes differing by at most one;
+   ``"strided"``: example i goes to rank i mod W, so a rank only ever reads its own shard).
+   A rank's share may be empty; it still takes part in the step.
+2. **Local clipping.**  Per-example clipping needs only the example itself, so each rank
+   computes Σ_{i ∈ share} ḡ_i with the engine's own clipping (ghost or per_sample), and the
+   sum over ranks of these local sums is the global clipped sum Σ_{i ∈ batch} ḡ_i.
+3. **Noise once.**  Rank 0 draws z ~ N(0, σ²C² I) with the engine's
+   :class:`~privacylab.mechanisms.GaussianMechanism` (its seeded generator, or the OS CSPRNG
+   with ``secure_noise``) and adds it to its local sum *before* the all-reduce; the other ranks
+   add nothing.  The all-reduce (SUM) then gives every rank the same
+   ``z + Σ_r Σ_{i ∈ share_r} ḡ_i = z + Σ_{i ∈ batch} ḡ_i`` — one draw of the Gaussian mechanism
+   on a sum whose L2 sensitivity (add/remove one example) is C, because one example lies in
+   exactly one rank's share and contributes at most C.  Drawing the noise on one rank also
+   works for unseedable (secure) noise and does not require the ranks' noise generators to agree.
+   Rank 0 draws the parameters' noise in the order a single process would (the order its
+   clipping forms the layers' sums), so with the same seed the noise is the same numbers.
+4. **Same update everywhere.**  Each rank divides by the global expected batch size L = q·N,
+   writes ``.grad`` and calls its optimizer; the all-reduced tensor is identical on every rank,
+   so the models stay identical.  This is checked, not assumed: every ``check_every`` steps a
+   fingerprint of each rank's parameters (float64 sums) is gathered with the step's other
+   metadata and any difference stops every rank with one line (a rank given another model, a
+   modified model, another optimizer state); the sampled batch (count and index sum), σ and the
+   step count are compared at every step, which catches a rank given another seed.
+5. **Accounting.**  Each rank's ``engine.ledger`` records ``PoissonSampled(q, Gaussian(σ))``
+   per step with the *global* q, exactly the event the single-process engine records.
+
+Opacus' ``DistributedDPOptimizer`` (``opacus/optimizers/ddpoptimizer.py``) also adds the noise
+only on rank 0 and all-reduces the (noised) per-rank sums; its
+``DistributedUniformWithReplacementSampler`` instead lets each rank Poisson-sample its own
+shard with its own generator and skips empty local batches, so ranks can take different
+numbers of steps.  Here the sample is global and shared, empty shares take part in every step,
+and the ranks' agreement is verified.
+
+The collectives of one step are two: a small ``all_gather`` of metadata and one
+``all_reduce`` per (dtype, device) group of the flattened clipped sums.  Every problem found
+on one rank (wrong number of examples, a clipping error) is exchanged before it is raised, so
+all ranks stop together instead of one waiting in a collective for a rank that has left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from privacylab.training.dp.clipping import ClippedBatch, GradientBuffers
+from privacylab.training.dp.engine import DPSGD
+from privacylab.training.dp.errors import DPSGDError, check_count
+from privacylab.training.dp.sampling import PoissonSampler
+
+Partition = Literal["balanced", "strided"]
+PARTITIONS: tuple[str, ...] = ("balanced", "strided")
+
+_OK, _WRONG_SHARE, _FAILED = 0.0, 1.0, 2.0
+
+
+@dataclass(frozen=True)
+class DistributedStepResult:
+    """What one distributed DP-SGD step reports (the same on every rank except the local
+    fields).
+
+    Attributes:
+        loss_mean: mean per-example loss over the whole realised batch (NaN if it is empty).
+        batch_size: realised size of the global Poisson batch.
+        local_batch_size: how many of those examples this rank clipped.
+        norms: (local_batch_size,) this rank's per-example gradient norms before clipping.
+    """
+
+    loss_mean: float
+    batch_size: int
+    local_batch_size: int
+    norms: Tensor
+
+
+def _digest(text: str) -> float:
+    """48 bits of SHA-256 of ``text`` as a float64 (exact), for comparing strings across ranks."""
+    return float(int.from_bytes(hashlib.sha256(text.encode()).digest()[:6], "big"))
+
+
+def model_fingerprint(params: Sequence[Tensor]) -> tuple[float, float]:
+    """(Σ_k Σ θ_k, Σ_k (k+1) Σ θ_k²) in float64: equal for bitwise-equal parameters, and in
+    practice different for any other."""
+    first = second = 0.0
+    with torch.no_grad():
+        for k, p in enumerate(params):
+            values = p.detach().double()
+            first += float(values.sum())
+            second += (k + 1) * float(values.square().sum())
+    return first, second
+
+
+class DistributedDPSGD:
+    """Run a :class:`~privacylab.training.dp.DPSGD` engine's steps across ``torch.distributed``
+    ranks: one global Poisson sample, local clipping, the noise added once (module docstring).
+
+    Every rank builds the same model (same initial parameters), the same optimizer and the same
+    engine — ``sample_rate=q`` (the global q) and ``expected_batch_size=q·N`` — and wraps it
+    with the same ``num_examples`` and ``seed``.  Each rank then iterates over its shares and
+    steps on its own examples::
+
+        dist_engine = DistributedDPSGD(engine, num_examples=len(X), seed=0)
+        for indices in dist_engine:            # one epoch in expectation: round(1/q) steps
+            dist_engine.step(X[indices], Y[indices])
+
+    With the same seeds (sampling, and the noise generator on rank 0) the models are those of
+    one process running ``engine.step`` on ``PoissonSampler(N, q, torch.Generator()
+    .manual_seed(seed))`` batches, up to floating-point summation order, and the ledger holds
+    the same events.  Pass the plain module, not a ``DistributedDataParallel`` wrapper: the
+    gradients are all-reduced here, once, after clipping.  The engine's step hooks are not run.
+
+    Args:
+        engine: the DP-SGD engine of this rank.
+        num_examples: N, the size of the whole dataset (all ranks together).
+        seed: seed of the shared Poisson sampler; must be the same on every rank.
+        group: process group (default: the world).
+        partition: how the sampled indices are split among ranks: ``"balanced"`` or
+            ``"strided"`` (see the module docstring).
+        check_every: compare the ranks' model fingerprints every this many steps (≥ 1).
+
+    Raises:
+        DPSGDError: torch.distributed not initialised, an engine without ``sample_rate``, an
+            expected batch size other than q·N, a DistributedDataParallel model, registered
+            step hooks, or any rank disagreeing with rank 0 on the model or settings (every
+            rank raises the same line).
+    """
+
+    def __init__(
+        self,
+        engine: DPSGD,
+        num_examples: int,
+        *,
+        seed: int,
+        group: dist.ProcessGroup | None = None,
+        partition: Partition = "balanced",
+        check_every: int = 1,
+    ) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise DPSGDError(
+                "DistributedDPSGD needs torch.distributed initialised first "
+                "(torch.distributed.init_process_group)"
+            )
+        self.engine = engine
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        backend = dist.get_backend(group)
+        self._device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if backend == "nccl"
+            else torch.device("cpu")
+        )
+        problem: str | None = None
+        try:
+            self._check_local(engine, num_examples, seed, partition, check_every)
+        except DPSGDError as error:
+            problem = str(error)
+        self.num_examples = num_examples
+        self.seed = seed
+        self.partition = partition
+        self.check_every = check_every
+        q = engine.sample_rate if problem is None else 1.0
+        self.sample_rate = float(q)  # type: ignore[arg-type]
+        self.sampler = PoissonSampler(
+            num_examples if problem is None else 1,
+            self.sample_rate,
+            generator=torch.Generator().manual_seed(seed if problem is None else 0),
+        )
+        self._names = list(engine.params) if problem is None else []
+        self._global: Tensor | None = None
+        self._share: Tensor | None = None
+        self._agree_on_setup(problem)
+
+    @staticmethod
+    def _check_local(
+        engine: DPSGD, num_examples: int, seed: int, partition: str, check_every: int
+    ) -> None:
+        if not isinstance(engine, DPSGD):
+            raise DPSGDError(f"engine must be a DPSGD engine, got {type(engine).__name__}")
+        check_count("num_examples", num_examples)
+        check_count("check_every", check_every)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise DPSGDError(f"seed must be a whole number >= 0, got {seed!r}")
+        if partition not in PARTITIONS:
+            raise DPSGDError(f"partition must be one of {', '.join(PARTITIONS)}, got {partition!r}")
+        q = engine.sample_rate
+        if q is None:
+            raise DPSGDError(
+                "the engine has no sample_rate: give DPSGD(sample_rate=q) with the global q so "
+                "that every step is accounted as PoissonSampled(q, Gaussian(σ))"
+            )
+        expected = q * num_examples
+        if not math.isclose(engine.expected_batch_size, expected, rel_tol=1e-9):
+            raise DPSGDError(
+                f"the engine divides by expected_batch_size={engine.expected_batch_size:g} but "
+                f"the global expected batch size q·N is {expected:g}; use expected_batch_size=q·N"
+            )
+        if isinstance(engine.model, nn.parallel.DistributedDataParallel):
+            raise DPSGDError(
+                "pass the plain model, not DistributedDataParallel: DistributedDPSGD all-reduces "
+                "the clipped sums itself (DDP would average the unclipped gradients)"
+            )
+        if engine._step_hooks:
+            raise DPSGDError("DistributedDPSGD does not run the engine's step hooks; remove them")
+        generator = engine.mechanism.generator
+        for p in engine.params.values():
+            if generator is not None and generator.device.type != p.device.type:
+                raise DPSGDError(
+                    f"the noise generator is on {generator.device} but the parameters are on "
+                    f"{p.device}; create it with torch.Generator(device=...)"
+                )
+
+    def _setup_items(self) -> list[tuple[str, float]]:
+        engine = self.engine
+        params = list(engine.params.values())
+        layout = [(n, tuple(p.shape), str(p.dtype)) for n, p in engine.params.items()]
+        hyper = [
+            {k: v for k, v in g.items() if k != "params"} for g in engine.optimizer.param_groups
+        ]
+        fingerprint = model_fingerprint(params)
+        return [
+            ("dataset size N", float(self.num_examples)),
+            ("sample rate q", self.sample_rate),
+            ("sampling seed", float(self.seed)),
+            ("partition", _digest(self.partition)),
+            ("check_every", float(self.check_every)),
+            ("noise multiplier", engine.noise_multiplier),
+            ("max_grad_norm", engine.max_grad_norm),
+            ("expected batch size", engine.expected_batch_size),
+            ("per-layer thresholds", _digest(repr(engine.thresholds.per_parameter))),
+            ("number of steps taken", float(engine.steps)),
+            ("parameter names, shapes and dtypes", _digest(repr(layout))),
+            ("optimizer", _digest(f"{type(engine.optimizer).__name__}{hyper!r}")),
+            ("model parameters", fingerprint[0]),
+            ("model parameters", fingerprint[1]),
+        ]
+
+    def _agree_on_setup(self, problem: str | None) -> None:
+        items = [] if problem is not None else self._setup_items()
+        names = [name for name, _ in items]
+        vector = [_FAILED if problem is not None else _OK]
+        vector += [value for _, value in items] or [0.0] * 14
+        rows = self._gather(torch.tensor(vector, dtype=torch.float64))
+        if problem is not None:
+            raise DPSGDError(problem)
+        for r, row in enumerate(rows):
+            if row[0] != _OK:
+                raise DPSGDError(f"rank {r} could not set up DistributedDPSGD (see its error)")
+        for r, row in enumerate(rows[1:], start=1):
+            for k, name in enumerate(names, start=1):
+                if row[k] != rows[0][k]:
+                    raise DPSGDError(
+                        f"rank {r} disagrees with rank 0 on the {name}: every rank must build "
+                        "the same model, optimizer and DP settings and use the same seed"
+                    )
+
+    def _gather(self, vector: Tensor) -> list[Tensor]:
+        vector = vector.to(self._device)
+        rows = [torch.empty_like(vector) for _ in range(self.world_size)]
+        dist.all_gather(rows, vector, group=self.group)
+        return [row.cpu() for row in rows]
+
+    def split(self, indices: Tensor) -> Tensor:
+        """This rank's share of a global batch of (sorted) dataset indices."""
+        if self.partition == "strided":
+            return indices[indices % self.world_size == self.rank]
+        return indices.tensor_split(self.world_size)[self.rank]
+
+    def next_share(self) -> Tensor:
+        """Draw the next global Poisson batch (the same on every rank) and return the dataset
+        indices this rank clips in the next :meth:`step` (possibly none)."""
+        self._global = self.sampler.sample()
+        self._share = self.split(self._global)
+        return self._share
+
+    def __iter__(self) -> Iterator[Tensor]:
+        for _ in range(self.sampler.steps_per_epoch):
+            yield self.next_share()
+
+    def __len__(self) -> int:
+        return self.sampler.steps_per_epoch
+
+    @property
+    def global_batch(self) -> Tensor | None:
+        """The indices of the current global Poisson batch (all ranks' shares together)."""
+        return self._global
+
+    def verify(self) -> None:
+        """Compare the ranks' model fingerprints now (a collective: every rank must call it)."""
+        fingerprint = model_fingerprint(list(self.engine.params.values()))
+        rows = self._gather(torch.tensor(fingerprint, dtype=torch.float64))
+        self._check_models(rows, 0, "now")
+
+    def _check_models(self, rows: list[Tensor], start: int, when: str) -> None:
+        for r, row in enumerate(rows[1:], start=1):
+            if not torch.equal(row[start : start + 2], rows[0][start : start + 2]):
+                raise DPSGDError(
+                    f"rank {r}'s model differs from rank 0's {when}: the ranks have diverged "
+                    "(another initial model or optimizer state, or a model changed on one rank)"
+                )
+
+    def step(self, x: Tensor | Sequence[Tensor], y: Tensor) -> DistributedStepResult:
+        """One distributed DP-SGD step on this rank's share (from :meth:`next_share`).
+
+        A collective: every rank must call it once per drawn batch, also with an empty share.
+        """
+        engine = self.engine
+        if self._share is None or self._global is None:
+            raise DPSGDError("call next_share() (or iterate over this object) before each step")
+        share, batch_indices = self._share, self._global
+        self._share = self._global = None
+        local = int(y.shape[0])
+        status, error = _OK, None
+        clipped: ClippedBatch | None = None
+        order: list[str] = []
+
+        def record(name: str, p: Tensor) -> Tensor:
+            order.append(name)
+            return torch.zeros_like(p)
+
+        if local != len(share):
+            status = _WRONG_SHARE
+        else:
+            try:
+                clipped = engine._clip(x, y, GradientBuffers(engine.params, record))
+            except Exception as caught:  # raised below, after every rank knows to stop
+                status, error = _FAILED, caught
+        check = engine.steps % self.check_every == 0
+        fingerprint = model_fingerprint(list(engine.params.values())) if check else (0.0, 0.0)
+        position = {name: k for k, name in enumerate(self._names)}
+        vector = [
+            status,
+            float(local),
+            float(batch_indices.numel()),
+            float(batch_indices.double().sum()),
+            engine.noise_multiplier,
+            float(engine.steps),
+            float(clipped.loss.double().sum()) if clipped is not None and local else 0.0,
+            *fingerprint,
+            *[float(position[n]) for n in order if clipped is not None],
+        ]
+        vector += [-1.0] * (9 + 2 * len(self._names) - len(vector))
+        rows = self._gather(torch.tensor(vector, dtype=torch.float64))
+        self._check_step(rows, status, error, local, len(share), check)
+        assert clipped is not None
+        total = int(rows[0][2])
+        source = next((row for row in rows if row[1] > 0), None)
+        if source is None:
+            names = self._names
+        else:
+            names = [self._names[int(k)] for k in source[9:].tolist() if k >= 0]
+        with torch.no_grad():
+            sums = clipped.grad_sum
+            if self.rank == 0:
+                noise = {name: engine.mechanism.noise(engine.params[name]) for name in names}
+                for name, drawn in noise.items():
+                    sums[name] = drawn.add_(sums[name])
+            self._all_reduce(sums)
+            scale = 1.0 / engine.expected_batch_size
+            for name, p in engine.params.items():
+                p.grad = sums[name].mul_(scale)
+            engine.steps += 1
+            event = engine.step_event
+            if event is None:
+                engine.unbounded_steps += 1
+            else:
+                engine.ledger.record(event)
+        engine.optimizer.step()
+        engine.optimizer.zero_grad()
+        loss_sum = float(sum(float(row[6]) for row in rows))
+        loss = loss_sum / total if total else math.nan
+        return DistributedStepResult(loss, total, local, clipped.norms)
+
+    def _check_step(
+        self,
+        rows: list[Tensor],
+        status: float,
+        error: Exception | None,
+        local: int,
+        expected: int,
+        check: bool,
+    ) -> None:
+        step = self.engine.steps + 1
+        if error is not None:
+            raise error
+        if status != _OK:
+            raise DPSGDError(
+                f"rank {self.rank} was given {local} examples but its share of the Poisson batch "
+                f"of step {step} has {expected}; pass exactly the examples of next_share()"
+            )
+        for r, row in enumerate(rows):
+            if row[0] != _OK:
+                raise DPSGDError(
+                    f"rank {r} failed in step {step} (see its error); every rank stops"
+                )
+        for r, row in enumerate(rows[1:], start=1):
+            if not torch.equal(row[2:4], rows[0][2:4]):
+                raise DPSGDError(
+                    f"rank {r} drew another Poisson batch than rank 0 in step {step}: every rank "
+                    "must use the same seed and call next_share() once per step"
+                )
+            if row[4] != rows[0][4]:
+                raise DPSGDError(
+                    f"rank {r} uses noise multiplier {float(row[4]):g} but rank 0 uses "
+                    f"{float(rows[0][4]):g}"
+                )
+            if row[5] != rows[0][5]:
+                raise DPSGDError(
+                    f"rank {r} has taken {int(row[5])} steps but rank 0 {int(rows[0][5])}"
+                )
+        if check:
+            self._check_models(rows, 7, f"before step {step}")
+
+    def _all_reduce(self, sums: dict[str, Tensor]) -> None:
+        groups: dict[tuple[torch.dtype, torch.device], list[str]] = {}
+        for name in self._names:
+            groups.setdefault((sums[name].dtype, sums[name].device), []).append(name)
+        for names in groups.values():
+            flat = torch.cat([sums[n].reshape(-1) for n in names])
+            on_device = flat.to(self._device) if self._device.type == "cuda" else flat
+            dist.all_reduce(on_device, op=dist.ReduceOp.SUM, group=self.group)
+            flat = on_device.to(flat.device)
+            offset = 0
+            for n in names:
+                size = sums[n].numel()
+                sums[n] = flat[offset : offset + size].view_as(sums[n]).clone()
+                offset += size
