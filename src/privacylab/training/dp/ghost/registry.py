@@ -33,12 +33,20 @@ class LayerCall:
             ``activation``), for rules of layers with several inputs (EmbeddingBag offsets,
             attention keys and values).
         kwargs: the keyword arguments of the call (tensors detached).
+        batched: indices, in ``torch.utils._pytree.tree_flatten((args, kwargs))`` order, of the
+            tensor leaves that carry the batch in dimension 0 (told by provenance: their size
+            follows the batch size); the others do not depend on the batch size.  Filled for
+            layers handled by the per-layer fallback.
+        output: the layer output as recorded (a detached copy), for the fallback's check that
+            recomputing the layer one example at a time reproduces it; ``None`` otherwise.
     """
 
     activation: Tensor
     backprop: Tensor
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    batched: frozenset[int] = frozenset()
+    output: Tensor | None = None
 
 
 class LayerGradients(ABC):
