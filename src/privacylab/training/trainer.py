@@ -35,6 +35,7 @@ from privacylab.accounting import (
 from privacylab.accounting.calibration import dp_sgd_epsilon
 from privacylab.accounting.events import Event, EventLedger, dp_sgd
 from privacylab.data import Dataset
+from privacylab.models.scattering import Scattering2D
 from privacylab.training.checkpoint import CHECKPOINT_FORMAT, Checkpoint
 from privacylab.training.config import TrainConfig, TrainingError
 from privacylab.training.dp import DPSGD, PoissonSampler, ShuffleSampler, check_no_batch_norm
@@ -46,6 +47,13 @@ from privacylab.training.hooks import (
     check_callbacks,
     regularization_term,
 )
+from privacylab.training.inputs import (
+    as_training_data,
+    check_class_labels,
+    check_label_range,
+    resolve_batch_size,
+    sample_rate,
+)
 
 __all__ = ["CHECKPOINT_FORMAT", "EpochRecord", "PrivacySpent", "TrainResult", "train"]
 
@@ -56,7 +64,7 @@ class EpochRecord:
 
     epoch: int
     train_loss: float
-    train_accuracy: float
+    train_accuracy: float | None
     eval_loss: float | None
     eval_accuracy: float | None
     epsilon: float | None = None
@@ -105,13 +113,108 @@ class TrainResult:
         }
 
 
+_STATELESS: frozenset[type[nn.Module]] = frozenset(
+    {
+        nn.Identity,
+        nn.Flatten,
+        nn.Unflatten,
+        # activations (not RReLU: its slope is random in training)
+        nn.ReLU,
+        nn.ReLU6,
+        nn.LeakyReLU,
+        nn.ELU,
+        nn.SELU,
+        nn.CELU,
+        nn.GELU,
+        nn.SiLU,
+        nn.Mish,
+        nn.Tanh,
+        nn.Sigmoid,
+        nn.Hardtanh,
+        nn.Hardsigmoid,
+        nn.Hardswish,
+        nn.Softplus,
+        nn.Softsign,
+        nn.Tanhshrink,
+        nn.Softshrink,
+        nn.Hardshrink,
+        nn.LogSigmoid,
+        nn.Threshold,
+        nn.GLU,
+        nn.Softmax,
+        nn.Softmin,
+        nn.LogSoftmax,
+        nn.Softmax2d,
+        # pooling
+        nn.MaxPool1d,
+        nn.MaxPool2d,
+        nn.MaxPool3d,
+        nn.AvgPool1d,
+        nn.AvgPool2d,
+        nn.AvgPool3d,
+        nn.AdaptiveMaxPool1d,
+        nn.AdaptiveMaxPool2d,
+        nn.AdaptiveMaxPool3d,
+        nn.AdaptiveAvgPool1d,
+        nn.AdaptiveAvgPool2d,
+        nn.AdaptiveAvgPool3d,
+        nn.LPPool1d,
+        nn.LPPool2d,
+        # padding and resampling
+        nn.ZeroPad1d,
+        nn.ZeroPad2d,
+        nn.ZeroPad3d,
+        nn.ConstantPad1d,
+        nn.ConstantPad2d,
+        nn.ConstantPad3d,
+        nn.ReflectionPad1d,
+        nn.ReflectionPad2d,
+        nn.ReflectionPad3d,
+        nn.ReplicationPad1d,
+        nn.ReplicationPad2d,
+        nn.ReplicationPad3d,
+        nn.CircularPad1d,
+        nn.CircularPad2d,
+        nn.CircularPad3d,
+        nn.PixelShuffle,
+        nn.PixelUnshuffle,
+        nn.Upsample,
+        # per-example normalisation without parameters (checked below: no running statistics)
+        nn.LayerNorm,
+        nn.GroupNorm,
+        nn.RMSNorm,
+        nn.LocalResponseNorm,
+        nn.InstanceNorm1d,
+        nn.InstanceNorm2d,
+        nn.InstanceNorm3d,
+        # privacylab's wavelet scattering front end (Tramèr & Boneh 2021): fixed filters
+        Scattering2D,
+    }
+)
+"""Layer types whose output depends on their input only — the same in training and evaluation
+mode, with no randomness and no state updated by a forward pass. Exact types: a subclass may
+override `forward`, so it is not trusted."""
+
+
+def _cacheable(layer: nn.Module) -> bool:
+    """True when `layer` is deterministic, mode-independent and parameter-free."""
+    if type(layer) not in _STATELESS or any(True for _ in layer.parameters()):
+        return False
+    return not getattr(layer, "track_running_stats", False)
+
+
 def _frozen_prefix(model: nn.Module) -> tuple[nn.Module, nn.Module]:
-    """Split an nn.Sequential into its leading parameter-free deterministic part and the rest."""
+    """Split an nn.Sequential into its leading run of cacheable layers (an allow-list of
+    deterministic, mode-independent, parameter-free layers: `_STATELESS`) and the rest.
+
+    The prefix is applied once to the whole data set; a layer not on the list (dropout of any
+    kind, RReLU, a user's module) ends it, so it runs in training mode at every step.
+    """
     if not isinstance(model, nn.Sequential):
         return nn.Identity(), model
     cut = 0
     for layer in model:
-        if any(True for _ in layer.parameters()) or isinstance(layer, nn.Dropout):
+        if not _cacheable(layer):
             break
         cut += 1
     if cut == 0 or cut == len(model):
@@ -126,8 +229,12 @@ def _transform(
     if isinstance(prefix, nn.Identity):
         return features.to(device)
     prefix.eval()
+    # A copy per chunk: an in-place layer (ReLU(inplace=True)) must not write to the caller's data.
     return torch.cat(
-        [prefix(features[i : i + chunk].to(device)) for i in range(0, len(features), chunk)]
+        [
+            prefix(features[i : i + chunk].to(device, copy=True))
+            for i in range(0, len(features), chunk)
+        ]
     )
 
 
@@ -164,17 +271,82 @@ def _lr_factor(schedule: str, progress: float) -> float:
     return 1.0
 
 
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
 @torch.no_grad()
-def _evaluate(model: nn.Module, x: Tensor, y: Tensor, chunk: int = 2048) -> tuple[float, float]:
+def _evaluate(
+    model: nn.Module,
+    inputs: tuple[Tensor, ...],
+    y: Tensor,
+    loss_fn: LossFn | None,
+    chunk: int = 2048,
+) -> tuple[float, float | None]:
+    """Mean loss per example and, for integer targets with one score per class (a class index
+    per example, or per token), the fraction of argmax predictions that are right."""
     if len(y) == 0:
         return math.nan, math.nan
     model.eval()
-    loss, correct = 0.0, 0
+    loss, correct, total = 0.0, 0, 0
+    scored = not (y.is_floating_point() or y.dtype == torch.bool)
     for i in range(0, len(y), chunk):
-        out = model(x[i : i + chunk])
-        loss += float(F.cross_entropy(out, y[i : i + chunk], reduction="sum"))
-        correct += int((out.argmax(1) == y[i : i + chunk]).sum())
-    return loss / len(y), correct / len(y)
+        target = y[i : i + chunk]
+        out = model(*(t[i : i + chunk] for t in inputs))
+        if loss_fn is None:
+            loss += float(F.cross_entropy(out, target, reduction="sum"))
+        else:
+            losses = loss_fn(out, target)
+            loss += float(losses.sum() if losses.dim() else losses * len(target))
+        if scored and isinstance(out, Tensor) and out.shape[:-1] == target.shape:
+            correct += int((out.argmax(-1) == target).sum())
+            total += target.numel()
+        else:
+            scored = False
+    return loss / len(y), (correct / total if scored and total else None)
+
+
+def _check_model_output(
+    body: nn.Module,
+    inputs: tuple[Tensor, ...],
+    y: Tensor,
+    loss_fn: LossFn | None,
+    private: bool,
+) -> None:
+    """Run the model on two examples (evaluation mode, no gradient) and check that the loss can
+    take its outputs: class indices within the outputs for cross-entropy, and, under DP, a loss
+    that returns one value per example (each example's gradient is clipped on its own)."""
+    with torch.no_grad():
+        body.eval()
+        out = body(*(t[:2] for t in inputs))
+        target = y[:2]
+        if loss_fn is None:
+            if not isinstance(out, Tensor) or out.dim() != 2:
+                shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+                raise TrainingError(
+                    f"the default loss (cross-entropy) needs (batch, classes) outputs, got "
+                    f"{shape}; pass loss_fn= for other outputs"
+                )
+            check_class_labels(y)
+            check_label_range(y, out.shape[1])
+            return
+        try:
+            losses = loss_fn(out, target)
+        except (RuntimeError, ValueError, TypeError, IndexError) as error:
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            raise TrainingError(f"loss_fn fails on the model's outputs: {first}") from None
+        if not isinstance(losses, Tensor):
+            raise TrainingError(f"loss_fn must return a tensor, got {type(losses).__name__}")
+        if private and tuple(losses.shape) != (len(target),):
+            raise TrainingError(
+                f"under DP-SGD loss_fn must return one loss per example, shape ({len(target)},), "
+                f"got {tuple(losses.shape)}; use reduction='none' (and average over the other "
+                "dimensions, e.g. tokens)"
+            )
+        if losses.dim() > 1 or (losses.dim() == 1 and len(losses) != len(target)):
+            raise TrainingError(
+                f"loss_fn must return ({len(target)},) per-example losses or a scalar, got "
+                f"{tuple(losses.shape)}"
+            )
 
 
 @functools.lru_cache(maxsize=256)
@@ -207,17 +379,34 @@ def _checked_state(state: dict[str, Any], ledger_expected: bool) -> dict[str, An
 
 def train(
     model: nn.Module,
-    train_data: Dataset,
+    train_data: Dataset | Any,
     config: TrainConfig | None = None,
-    eval_data: Dataset | None = None,
+    eval_data: Dataset | Any | None = None,
     *,
     checkpoint_dir: str | Path | None = None,
     progress: Callable[[EpochRecord], None] | None = None,
     regularizer: Regularizer | None = None,
     callbacks: Iterable[Callback] = (),
+    loss_fn: LossFn | None = None,
 ) -> TrainResult:
     """Train `model` on `train_data` (the members) and return it with its history and, when
-    `config.privacy` is set, the (ε, δ) spent by DP-SGD (Abadi et al. 2016, Alg. 1).
+    `config.privacy` is set, the (ε, δ) spent by DP-SGD (Abadi et al. 2016, Alg. 1) with Poisson
+    sampling at q = batch size / N, accounted from the steps executed.
+
+    Data (`privacylab.training.inputs`): a privacylab `Dataset`, `(x, y)` numpy arrays or
+    tensors, `((x1, ..., xk), y)` for a model called as `model(x1, ..., xk)`, a `TensorDataset`,
+    any map-style torch `Dataset` of `(x, y)` / `(x1, ..., xk, y)` items (read once), or a
+    `DataLoader` — its dataset is used and its `batch_size` is the expected batch size unless
+    `config.batch_size` is set to something other than its default; its own sampler is not used
+    (under DP the batches are Poisson-resampled from its dataset: the q reported is the one
+    used, and a batch size above N is refused).
+
+    `loss_fn(outputs, targets)` returns per-example losses, shape (B,) (`reduction='none'`):
+    regression (MSE), multi-label (BCE with logits), next-token (the mean over tokens) all work;
+    under DP a scalar loss is refused. The default is cross-entropy (with
+    `config.label_smoothing`) on integer class labels. Accuracy is recorded when the targets
+    are integers with one score per class in the outputs (classification, next-token), else it
+    is None.
 
     `eval_data` (non-members) is evaluated after each epoch and drives early stopping. With
     `checkpoint_dir`, the state is saved after every epoch as one atomic file
@@ -232,20 +421,57 @@ def train(
     hooks = check_callbacks(callbacks)
     if regularizer is not None and not callable(regularizer):
         raise TrainingError(f"the regulariser must be callable, got {type(regularizer).__name__}")
-    if len(train_data) == 0:
-        raise TrainingError("the training data is empty")
+    if loss_fn is not None and not callable(loss_fn):
+        raise TrainingError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+    if loss_fn is not None and config.label_smoothing:
+        raise TrainingError(
+            "label smoothing applies to the default cross-entropy loss; put it in loss_fn"
+        )
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    data = as_training_data(train_data, float_dtype=dtype)
+    held_out = (
+        as_training_data(eval_data, name="evaluation data", float_dtype=dtype)
+        if eval_data is not None
+        else None
+    )
+    if loss_fn is None:
+        check_class_labels(data.targets)
+        if held_out is not None:
+            check_class_labels(held_out.targets, "evaluation data")
     device = torch.device(config.device)
     privacy = config.privacy
     if privacy is not None:
         check_no_batch_norm(model)
     model.to(device)
-    prefix, body = _frozen_prefix(model) if not config.augmentation else (nn.Identity(), model)
-    x_train = _transform(prefix, train_data.features, device)
-    y_train = train_data.labels.to(device)
-    x_eval = _transform(prefix, eval_data.features, device) if eval_data is not None else None
-    y_eval = eval_data.labels.to(device) if eval_data is not None else None
+    single = len(data.inputs) == 1
+    cache = single and not config.augmentation
+    prefix, body = _frozen_prefix(model) if cache else (nn.Identity(), model)
+    x_train = (_transform(prefix, data.inputs[0], device),) if single else data.to(device).inputs
+    y_train = data.targets.to(device)
+    x_eval: tuple[Tensor, ...] | None = None
+    y_eval: Tensor | None = None
+    if held_out is not None:
+        if len(held_out.inputs) != len(data.inputs):
+            raise TrainingError(
+                f"the evaluation data has {len(held_out.inputs)} inputs per example but the "
+                f"training data has {len(data.inputs)}"
+            )
+        x_eval = (
+            (_transform(prefix, held_out.inputs[0], device),)
+            if single
+            else held_out.to(device).inputs
+        )
+        y_eval = held_out.targets.to(device)
+    _check_model_output(body, x_train, y_train, loss_fn, privacy is not None)
+    if loss_fn is None and y_eval is not None and x_eval is not None:
+        _check_model_output(body, x_eval, y_eval, None, False)
 
-    n = len(train_data)
+    n = len(data)
+    batch_size = resolve_batch_size(
+        config.batch_size, TrainConfig.__dataclass_fields__["batch_size"].default, data.batch_size
+    )
+    if privacy is not None and data.batch_size is not None:
+        sample_rate(batch_size, n, data.source)
     sample_gen = torch.Generator().manual_seed(config.seed)
     noise_gen = torch.Generator(device=device).manual_seed(config.seed + 1)
     aug_gen = torch.Generator().manual_seed(config.seed + 2)
@@ -255,16 +481,21 @@ def train(
     optimizer = _optimizer(params, config)
 
     def per_example_loss(out: Tensor, target: Tensor) -> Tensor:
+        if loss_fn is not None:
+            return loss_fn(out, target)
         return F.cross_entropy(
             out, target, reduction="none", label_smoothing=config.label_smoothing
         )
+
+    def regularizer_inputs(inputs: tuple[Tensor, ...]) -> Tensor | tuple[Tensor, ...]:
+        return inputs[0] if len(inputs) == 1 else inputs
 
     engine_loss: Callable[..., Tensor] = per_example_loss
     if regularizer is not None:
 
         def regularized_loss(out: Tensor, target: Tensor, inputs: tuple[Tensor, ...]) -> Tensor:
             losses = per_example_loss(out, target)
-            term = regularizer(body, inputs[0], target, out)
+            term = regularizer(body, regularizer_inputs(inputs), target, out)
             return losses + regularization_term(term, len(target), private=True)
 
         regularized_loss.takes_inputs = True  # type: ignore[attr-defined]
@@ -274,11 +505,11 @@ def train(
     sampler: PoissonSampler | ShuffleSampler
     spent_template: dict[str, Any] = {}
     step_limit: int | None = None
-    q = min(1.0, config.batch_size / n)
+    q = min(1.0, batch_size / n)
     if privacy is not None and privacy.sampling == "poisson":
         sampler = PoissonSampler(n, q, generator=sample_gen)
     else:
-        sampler = ShuffleSampler(n, config.batch_size, generator=sample_gen)
+        sampler = ShuffleSampler(n, batch_size, generator=sample_gen)
     total_steps = config.epochs * sampler.steps_per_epoch
     if privacy is not None:
         sigma = privacy.noise_multiplier
@@ -381,17 +612,19 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = config.lr * _lr_factor(config.schedule, steps / total_steps)
             index = batch.to(device)
-            xb, yb = x_train[index], y_train[index]
-            if config.augmentation and xb.dim() == 4:
-                xb = _augment(xb, config.rotation, config.translation, aug_gen)
+            xb, yb = tuple(t[index] for t in x_train), y_train[index]
+            if config.augmentation and single and xb[0].dim() == 4:
+                xb = (_augment(xb[0], config.rotation, config.translation, aug_gen),)
             if engine is not None:
                 loss_value: Tensor | float = engine.step(xb, yb).loss_mean
             else:
                 optimizer.zero_grad(set_to_none=True)
-                out = body(xb)
-                loss = per_example_loss(out, yb).mean()
+                out = body(*xb)
+                loss = per_example_loss(out, yb)
+                loss = loss.mean() if loss.dim() else loss
                 if regularizer is not None:
-                    term = regularization_term(regularizer(body, xb, yb, out), len(yb), False)
+                    value = regularizer(body, regularizer_inputs(xb), yb, out)
+                    term = regularization_term(value, len(yb), False)
                     loss = loss + term.mean()
                 loss.backward()
                 optimizer.step()
@@ -405,10 +638,10 @@ def train(
                 if step_state.stop_reason:
                     stopped = step_state.stop_reason
                     break
-        train_loss, train_acc = _evaluate(body, x_train, y_train)
+        train_loss, train_acc = _evaluate(body, x_train, y_train, loss_fn)
         eval_loss, eval_acc = (None, None)
         if x_eval is not None and y_eval is not None:
-            eval_loss, eval_acc = _evaluate(body, x_eval, y_eval)
+            eval_loss, eval_acc = _evaluate(body, x_eval, y_eval, loss_fn)
         eps = epsilon_spent() if privacy is not None and steps else None
         record = EpochRecord(epoch + 1, train_loss, train_acc, eval_loss, eval_acc, eps)
         history.append(record)
