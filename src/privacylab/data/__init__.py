@@ -5,7 +5,7 @@
 downloaded.
 """
 
-from privacylab.data import cifar, embedded, idx, tabular  # noqa: F401  (register the loaders)
+from privacylab.data import cifar, embedded, idx, tabular, text  # noqa: F401  (registers loaders)
 from privacylab.data.canaries import CANARY_KINDS, insert_canaries
 from privacylab.data.cifar import NumpyOnlyUnpickler, load_numpy_pickle
 from privacylab.data.dataset import Dataset, split_train_test, train_test_indices
