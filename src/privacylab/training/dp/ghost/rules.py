@@ -232,12 +232,6 @@ def linear_rule(
     return SequenceLinearGradients(a, g, trainable)
 
 
-def _conv_check(layer: nn.Module) -> str | None:
-    if layer.groups != 1:
-        return f"groups={layer.groups} (only groups=1 is supported)"
-    return None
-
-
 def _conv_input(layer: nn.Conv2d, x: Tensor) -> tuple[Tensor, tuple[int, int]]:
     """The input the convolution really sees, and the zero padding still to apply."""
     if layer.padding_mode != "zeros":
@@ -353,15 +347,9 @@ class Conv2dGradients(LayerGradients):
         self.per_example = {}
 
 
-@register_rule(nn.Conv2d, check=_conv_check)
-def conv2d_rule(
-    layer: nn.Module, calls: Sequence[LayerCall], trainable: Collection[str]
-) -> LayerGradients:
-    """nn.Conv2d with groups=1: unfold to the sequence-Linear case."""
-    return Conv2dGradients(layer, calls, trainable)  # type: ignore[arg-type]
-
-
 def _embedding_check(layer: nn.Module) -> str | None:
+    if layer.max_norm is not None:
+        return "max_norm renormalises the weight in place during forward"
     if layer.scale_grad_by_freq:
         return "scale_grad_by_freq=True mixes examples (counts are over the batch)"
     return None
@@ -472,3 +460,11 @@ if hasattr(nn, "RMSNorm"):  # torch >= 2.4
         _normalized_shape_rule(lambda x, shape, eps: F.rms_norm(x, shape, None, eps))
     )
     """nn.RMSNorm: ∇_γ L_i = Σ_t g_t ⊙ x_t / rms(x_t)."""
+
+
+# Rules of further layer types, registered on import.
+from privacylab.training.dp.ghost import (  # noqa: E402, F401
+    rules_conv,
+    rules_embedding,
+    rules_norm,
+)
