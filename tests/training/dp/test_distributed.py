@@ -155,6 +155,22 @@ def _skipped_sample(rank: int) -> None:
     trainer.step(x[share], y[share])
 
 
+def _reseeded_sampler(rank: int) -> None:
+    x, y = _data(torch.float64)
+    trainer = DistributedDPSGD(_engine(_model(torch.float64), "ghost", 0.25), N, seed=3)
+    if rank == 1:
+        trainer.sampler.generator.manual_seed(4)
+    share = trainer.next_share()
+    trainer.step(x[share], y[share])
+
+
+def _no_share(rank: int) -> None:
+    x, y = _data(torch.float64)
+    trainer = DistributedDPSGD(_engine(_model(torch.float64), "ghost", 0.25), N, seed=3)
+    share = trainer.next_share() if rank == 0 else torch.arange(0)
+    trainer.step(x[share], y[share])
+
+
 def _wrong_examples(rank: int) -> None:
     x, y = _data(torch.float64)
     trainer = DistributedDPSGD(_engine(_model(torch.float64), "ghost", 0.25), N, seed=3)
@@ -237,12 +253,38 @@ def _noise_only(rank: int) -> list[float]:
     return ((after - before) * (0.5 * N) / LR).tolist()
 
 
+def _secure(rank: int) -> list[float]:
+    """Two steps with noise from the OS CSPRNG: drawn on rank 0 only, so the ranks agree."""
+    model = _model(torch.float64)
+    x, y = _data(torch.float64)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    engine = DPSGD(
+        model,
+        optimizer,
+        _loss,
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        expected_batch_size=0.25 * N,
+        secure_noise=True,
+        sample_rate=0.25,
+        physical_batch_size=1,
+    )
+    trainer = DistributedDPSGD(engine, N, seed=3, partition="strided")
+    for _ in range(2):
+        share = trainer.next_share()
+        trainer.step(x[share], y[share])
+    trainer.verify()
+    return _flat(model)
+
+
 REFUSALS: dict[str, Callable[[int], None]] = {
     "other_seed": _other_seed,
     "other_model": _other_model,
     "other_optimizer": _other_optimizer,
     "diverged_later": _diverged_later,
     "skipped_sample": _skipped_sample,
+    "reseeded_sampler": _reseeded_sampler,
+    "no_share": _no_share,
     "wrong_examples": _wrong_examples,
     "clipping_fails": _clipping_fails,
     "wrong_expected_batch": _wrong_expected_batch,
@@ -260,6 +302,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         for name, run in REFUSALS.items():
             report[name] = _refusal(lambda run=run: run(rank))
         report["noise_only"] = _noise_only(rank)
+        report["secure"] = _secure(rank)
         # after every refusal the group is still usable: all ranks stopped at the same point
         report["alive"] = _train(rank, "ghost")["params"] == report["ghost"]["params"]
     finally:
@@ -369,7 +412,7 @@ def test_noise_is_added_once(ranks) -> None:
         ("other_model", "rank 1 disagrees with rank 0 on the model parameters"),
         ("other_optimizer", "rank 1 disagrees with rank 0 on the optimizer"),
         ("diverged_later", "rank 1's model differs from rank 0's before step 3"),
-        ("skipped_sample", "rank 1 drew another Poisson batch than rank 0 in step 1"),
+        ("reseeded_sampler", "rank 1 drew another Poisson batch than rank 0 in step 1"),
         ("wrong_expected_batch", "global expected batch size q·N is 6"),
     ],
 )
@@ -380,8 +423,14 @@ def test_disagreeing_rank_is_refused_on_every_rank(ranks, name, says) -> None:
 
 
 def test_a_local_failure_stops_every_rank(ranks) -> None:
-    assert "rank 1 was given" in ranks[1]["wrong_examples"]
-    assert "rank 1 failed in step 1" in ranks[0]["wrong_examples"]
+    own = {
+        "wrong_examples": "rank 1 was given",
+        "skipped_sample": "rank 1 drew 2 batches with next_share() since its last step",
+        "no_share": "rank 1 called step() without next_share() first",
+    }
+    for name, says in own.items():
+        assert says in ranks[1][name]
+        assert ranks[0][name] == "rank 1 failed in step 1 (see its error); every rank stops"
     assert "boom on rank 1" in ranks[1]["clipping_fails"]  # rank 1 raises its own error
     for rank in ranks:
         assert rank["no_sample_rate"].startswith("the engine has no sample_rate")
@@ -393,3 +442,8 @@ def test_refused_without_a_process_group() -> None:
     engine = _engine(_model(torch.float64), "ghost", 0.25)
     with pytest.raises(DPSGDError, match=r"torch\.distributed initialised"):
         DistributedDPSGD(engine, N, seed=0)
+
+
+def test_secure_noise_is_drawn_once_and_the_ranks_agree(ranks) -> None:
+    before = _flat(_model(torch.float64))
+    assert ranks[0]["secure"] == ranks[1]["secure"] != before

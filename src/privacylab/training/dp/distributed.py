@@ -65,7 +65,8 @@ from privacylab.training.dp.sampling import PoissonSampler
 Partition = Literal["balanced", "strided"]
 PARTITIONS: tuple[str, ...] = ("balanced", "strided")
 
-_OK, _WRONG_SHARE, _FAILED = 0.0, 1.0, 2.0
+_OK, _FAILED = 0.0, 1.0
+_SETUP_ITEMS = 15
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,7 @@ class DistributedDPSGD:
         self._names = list(engine.params) if problem is None else []
         self._global: Tensor | None = None
         self._share: Tensor | None = None
+        self._draws = 0
         self._agree_on_setup(problem)
 
     @staticmethod
@@ -238,6 +240,7 @@ class DistributedDPSGD:
             ("partition", _digest(self.partition)),
             ("check_every", float(self.check_every)),
             ("noise multiplier", engine.noise_multiplier),
+            ("secure_noise setting", float(engine.mechanism.secure)),
             ("max_grad_norm", engine.max_grad_norm),
             ("expected batch size", engine.expected_batch_size),
             ("per-layer thresholds", _digest(repr(engine.thresholds.per_parameter))),
@@ -252,7 +255,7 @@ class DistributedDPSGD:
         items = [] if problem is not None else self._setup_items()
         names = [name for name, _ in items]
         vector = [_FAILED if problem is not None else _OK]
-        vector += [value for _, value in items] or [0.0] * 14
+        vector += [value for _, value in items] or [0.0] * _SETUP_ITEMS
         rows = self._gather(torch.tensor(vector, dtype=torch.float64))
         if problem is not None:
             raise DPSGDError(problem)
@@ -284,6 +287,7 @@ class DistributedDPSGD:
         indices this rank clips in the next :meth:`step` (possibly none)."""
         self._global = self.sampler.sample()
         self._share = self.split(self._global)
+        self._draws += 1
         return self._share
 
     def __iter__(self) -> Iterator[Tensor]:
@@ -318,12 +322,10 @@ class DistributedDPSGD:
         A collective: every rank must call it once per drawn batch, also with an empty share.
         """
         engine = self.engine
-        if self._share is None or self._global is None:
-            raise DPSGDError("call next_share() (or iterate over this object) before each step")
-        share, batch_indices = self._share, self._global
-        self._share = self._global = None
+        share, batch_indices, draws = self._share, self._global, self._draws
+        self._share, self._global, self._draws = None, None, 0
         local = int(y.shape[0])
-        status, error = _OK, None
+        error: Exception | None = None
         clipped: ClippedBatch | None = None
         order: list[str] = []
 
@@ -331,18 +333,31 @@ class DistributedDPSGD:
             order.append(name)
             return torch.zeros_like(p)
 
-        if local != len(share):
-            status = _WRONG_SHARE
+        step = engine.steps + 1
+        if share is None or batch_indices is None:
+            error = DPSGDError(f"rank {self.rank} called step() without next_share() first")
+        elif draws != 1:
+            error = DPSGDError(
+                f"rank {self.rank} drew {draws} batches with next_share() since its last step; "
+                "draw one per step (a skipped batch would change the sampling the ε assumes)"
+            )
+        elif local != len(share):
+            error = DPSGDError(
+                f"rank {self.rank} was given {local} examples but its share of the Poisson batch "
+                f"of step {step} has {len(share)}; pass exactly the examples of next_share()"
+            )
         else:
             try:
                 clipped = engine._clip(x, y, GradientBuffers(engine.params, record))
             except Exception as caught:  # raised below, after every rank knows to stop
-                status, error = _FAILED, caught
+                error = caught
+        if batch_indices is None:
+            batch_indices = torch.zeros(0, dtype=torch.long)
         check = engine.steps % self.check_every == 0
         fingerprint = model_fingerprint(list(engine.params.values())) if check else (0.0, 0.0)
         position = {name: k for k, name in enumerate(self._names)}
         vector = [
-            status,
+            _OK if error is None else _FAILED,
             float(local),
             float(batch_indices.numel()),
             float(batch_indices.double().sum()),
@@ -354,7 +369,7 @@ class DistributedDPSGD:
         ]
         vector += [-1.0] * (9 + 2 * len(self._names) - len(vector))
         rows = self._gather(torch.tensor(vector, dtype=torch.float64))
-        self._check_step(rows, status, error, local, len(share), check)
+        self._check_step(rows, error, step, check)
         assert clipped is not None
         total = int(rows[0][2])
         source = next((row for row in rows if row[1] > 0), None)
@@ -387,20 +402,12 @@ class DistributedDPSGD:
     def _check_step(
         self,
         rows: list[Tensor],
-        status: float,
         error: Exception | None,
-        local: int,
-        expected: int,
+        step: int,
         check: bool,
     ) -> None:
-        step = self.engine.steps + 1
         if error is not None:
             raise error
-        if status != _OK:
-            raise DPSGDError(
-                f"rank {self.rank} was given {local} examples but its share of the Poisson batch "
-                f"of step {step} has {expected}; pass exactly the examples of next_share()"
-            )
         for r, row in enumerate(rows):
             if row[0] != _OK:
                 raise DPSGDError(
