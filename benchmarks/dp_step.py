@@ -3,9 +3,14 @@
     python benchmarks/dp_step.py [--json] [--repeats N] [--warmup W] [--models mlp,cnn,...]
 
 Setting: one process, ``torch.set_num_threads(1)``, CPU, batch 256, σ = 1, C = 1, SGD.
-Models: MLP 784-512-256-10 and the DP-literature CNN on MNIST-shaped inputs (1×28×28), and a
+Models: MLP 784-512-256-10 and the DP-literature CNN on MNIST-shaped inputs (1×28×28), a
 2-block transformer classifier (vocabulary 1000, length 64, width 64, 4 heads; Linear,
-Embedding and LayerNorm layers only, attention written out with matmul/softmax).
+Embedding and LayerNorm layers only, attention written out with matmul/softmax), an LSTM
+classifier (vocabulary 1000, length 32, embedding 64, one DPLSTM layer of width 128: ours is
+``privacylab.training.dp.modules.DPLSTM`` for plain, ghost and per_sample, Opacus's
+``opacus.layers.DPLSTM`` for its two methods; skipped with a note if ours is not importable)
+and a MobileNet-style depthwise-separable CNN on CIFAR-shaped inputs (3×32×32: a 3×3 stem,
+then two blocks of a depthwise 3×3 convolution, groups = channels, and a pointwise 1×1 one).
 
 Methods, each on its own copy of the model: ``plain`` (forward, ``loss.backward()``, SGD step,
 no privacy); ``ghost`` and ``per_sample`` (``privacylab.training.dp.DPSGD``); ``opacus_hooks``
@@ -58,7 +63,7 @@ SIGMA = 1.0
 CLIP = 1.0
 LR = 0.05
 METHODS = ("plain", "ghost", "per_sample", "opacus_hooks", "opacus_ghost")
-MODELS = ("mlp", "cnn", "transformer")
+MODELS = ("mlp", "cnn", "transformer", "lstm", "depthwise")
 
 
 class Attention(nn.Module):
@@ -115,8 +120,54 @@ class TransformerClassifier(nn.Module):
         return self.head(self.ln(self.blocks(x)).mean(1))
 
 
-def build(name: str) -> tuple[nn.Module, Tensor, Tensor]:
-    """Model and one batch for ``name``."""
+class LSTMClassifier(nn.Module):
+    """Token embedding, one LSTM layer (a DP-compatible drop-in), last state, linear head."""
+
+    def __init__(self, lstm: type[nn.Module], vocab: int = 1000, dim: int = 64, hidden: int = 128):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.lstm = lstm(dim, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, 10)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        out, _ = self.lstm(self.embed(tokens))
+        return self.head(out[:, -1])
+
+
+def depthwise_separable(channels: int, out: int, stride: int) -> list[nn.Module]:
+    """MobileNet block: depthwise 3×3 (groups = channels), ReLU, pointwise 1×1, ReLU."""
+    return [
+        nn.Conv2d(channels, channels, 3, stride=stride, padding=1, groups=channels),
+        nn.ReLU(),
+        nn.Conv2d(channels, out, 1),
+        nn.ReLU(),
+    ]
+
+
+def mobilenet_block() -> nn.Module:
+    """A 3×3 stem and two depthwise-separable blocks on 3×32×32 inputs, 10 classes."""
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, stride=2, padding=1),
+        nn.ReLU(),
+        *depthwise_separable(32, 64, 1),
+        *depthwise_separable(64, 128, 2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(128, 10),
+    )
+
+
+def our_lstm() -> type[nn.Module] | None:
+    """privacylab's DPLSTM, imported lazily (``None`` if this checkout does not have it)."""
+    try:
+        from privacylab.training.dp.modules import DPLSTM
+    except ImportError:
+        return None
+    return DPLSTM
+
+
+def build(name: str, for_opacus: bool = False) -> tuple[nn.Module, Tensor, Tensor]:
+    """Model and one batch for ``name`` (``for_opacus``: the variant Opacus's methods run)."""
     torch.manual_seed(0)
     y = torch.randint(0, 10, (BATCH,))
     if name in ("mlp", "cnn"):
@@ -127,6 +178,18 @@ def build(name: str) -> tuple[nn.Module, Tensor, Tensor]:
         return model, torch.randn(BATCH, 1, 28, 28), y
     if name == "transformer":
         return TransformerClassifier(), torch.randint(0, 1000, (BATCH, 64)), y
+    if name == "lstm":
+        if for_opacus:
+            import opacus.layers
+
+            lstm: type[nn.Module] | None = opacus.layers.DPLSTM
+        else:
+            lstm = our_lstm()
+        if lstm is None:
+            raise ModuleNotFoundError("privacylab.training.dp.modules.DPLSTM does not exist yet")
+        return LSTMClassifier(lstm), torch.randint(0, 1000, (BATCH, 32)), y
+    if name == "depthwise":
+        return mobilenet_block(), torch.randn(BATCH, 3, 32, 32), y
     raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
 
 
@@ -135,8 +198,12 @@ def per_example_ce(outputs: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(outputs, targets, reduction="none")
 
 
-def make_step(method: str, model: nn.Module, x: Tensor, y: Tensor) -> Callable[[], None]:
+def make_step(
+    method: str, model: nn.Module, x: Tensor, y: Tensor, name: str = ""
+) -> Callable[[], None]:
     """A closure doing one training step of ``method`` on its own copy of ``model``."""
+    if method.startswith("opacus") and name == "lstm":
+        model = build(name, for_opacus=True)[0]
     model = copy.deepcopy(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     if method == "plain":
@@ -217,7 +284,7 @@ def time_methods(
     result: dict[str, object] = {}
     for method in METHODS:
         try:
-            steps[method] = make_step(method, model, x, y)
+            steps[method] = make_step(method, model, x, y, name)
             for _ in range(warmup):
                 steps[method]()
         except Exception as error:  # a peer that fails is reported, not fatal
@@ -236,6 +303,9 @@ def time_methods(
     for method in METHODS[1:]:
         value = result.get(f"{method}_ms")
         result[f"{method}_ratio"] = None if value is None else round(value / plain, 3)
+    for peer in ("opacus_hooks", "opacus_ghost"):
+        ours, theirs = result.get("ghost_ms"), result.get(f"{peer}_ms")
+        result[f"ghost_vs_{peer}"] = None if not ours or not theirs else round(ours / theirs, 3)
     result["noise_ms"] = round(noise_time(model, repeats, clock), 3)
     if result.get("ghost_ms") is not None:
         excl = (result["ghost_ms"] - result["noise_ms"]) / plain
@@ -255,7 +325,7 @@ def measure_memory_here(name: str, method: str) -> dict[str, float]:
     """Peak bytes of one step above the resident baseline (run in a fresh process)."""
     torch.set_num_threads(1)
     model, x, y = build(name)
-    step = make_step(method, model, x, y)
+    step = make_step(method, model, x, y, name)
     for _ in range(3):
         step()
     deltas = []
@@ -308,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report: dict[str, dict[str, object]] = {}
     for name in args.models.split(","):
+        if name == "lstm" and our_lstm() is None:
+            print("[dp_step] skipping lstm: privacylab's DPLSTM is not there yet", file=sys.stderr)
+            report[name] = {"skipped": "privacylab.training.dp.modules.DPLSTM not found"}
+            continue
         print(f"[dp_step] timing {name}", file=sys.stderr)
         clock = time.perf_counter if args.wall else time.process_time
         result = time_methods(name, args.repeats, args.warmup, clock)
@@ -326,6 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     columns = [
         "plain_ms",
         *[f"{m}_ratio" for m in METHODS[1:]],
+        "ghost_vs_opacus_ghost",
         "noise_ms",
         "ghost_ratio_excl_noise",
     ]
