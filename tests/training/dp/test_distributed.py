@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from privacylab.accounting import Gaussian, PoissonSampled, RdpAccountant, SelfComposed
-from privacylab.training.dp import DPSGD, DPSGDError, PoissonSampler
+from privacylab.training.dp import DPSGD, DPSGDError, PoissonSampler, split_threshold
 from privacylab.training.dp.distributed import DistributedDPSGD
 
 WORLD = 2
@@ -38,7 +38,9 @@ RUNS: dict[str, tuple[str, torch.dtype, str, float, int, int]] = {
     "sparse_ghost": ("ghost", torch.float64, "strided", 0.05, 8, 3),
     "sparse_per_sample": ("per_sample", torch.float64, "balanced", 0.05, 8, 1),
     "float32_strided": ("ghost", torch.float32, "strided", 0.25, 4, 5),
+    "per_layer_ghost": ("ghost", torch.float64, "balanced", 0.25, 3, 2),
 }
+PER_LAYER = {"per_layer_ghost"}
 
 
 def _model(dtype: torch.dtype) -> nn.Module:
@@ -58,8 +60,11 @@ def _loss(outputs: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(outputs, targets, reduction="none")
 
 
-def _engine(model: nn.Module, clipping: str, q: float, *, momentum: float = 0.9) -> DPSGD:
+def _engine(
+    model: nn.Module, clipping: str, q: float, *, momentum: float = 0.9, per_layer: bool = False
+) -> DPSGD:
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
+    names = [n for n, _ in model.named_parameters()]
     return DPSGD(
         model,
         optimizer,
@@ -70,6 +75,7 @@ def _engine(model: nn.Module, clipping: str, q: float, *, momentum: float = 0.9)
         clipping=clipping,
         generator=torch.Generator().manual_seed(NOISE_SEED),
         sample_rate=q,
+        per_layer_thresholds=split_threshold(names, CLIP) if per_layer else None,
     )
 
 
@@ -88,7 +94,8 @@ def _train(rank: int, name: str) -> dict:
     clipping, dtype, partition, q, steps, seed = RUNS[name]
     model = _model(dtype)
     x, y = _data(dtype)
-    trainer = DistributedDPSGD(_engine(model, clipping, q), N, seed=seed, partition=partition)
+    engine = _engine(model, clipping, q, per_layer=name in PER_LAYER)
+    trainer = DistributedDPSGD(engine, N, seed=seed, partition=partition)
     local, total, losses = [], [], []
     for _ in range(steps):
         share = trainer.next_share()
@@ -330,7 +337,7 @@ def _single_process(name: str) -> dict:
     clipping, dtype, _, q, steps, seed = RUNS[name]
     model = _model(dtype)
     x, y = _data(dtype)
-    engine = _engine(model, clipping, q)
+    engine = _engine(model, clipping, q, per_layer=name in PER_LAYER)
     sampler = PoissonSampler(N, q, generator=torch.Generator().manual_seed(seed))
     sizes, losses = [], []
     for _ in range(steps):

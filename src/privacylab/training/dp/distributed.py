@@ -92,6 +92,11 @@ def _digest(text: str) -> float:
     return float(int.from_bytes(hashlib.sha256(text.encode()).digest()[:6], "big"))
 
 
+def _same(a: Tensor, b: Tensor) -> bool:
+    """Bitwise equality of float64 tensors (so that NaN equals the same NaN)."""
+    return torch.equal(a.view(torch.int64), b.view(torch.int64))
+
+
 def model_fingerprint(params: Sequence[Tensor]) -> tuple[float, float]:
     """(Σ_k Σ θ_k, Σ_k (k+1) Σ θ_k²) in float64: equal for bitwise-equal parameters, and in
     practice different for any other."""
@@ -173,18 +178,15 @@ class DistributedDPSGD:
         self.seed = seed
         self.partition = partition
         self.check_every = check_every
-        q = engine.sample_rate if problem is None else 1.0
-        self.sample_rate = float(q)  # type: ignore[arg-type]
+        self._agree_on_setup(problem)
+        self.sample_rate = float(engine.sample_rate)  # type: ignore[arg-type]  # not None here
         self.sampler = PoissonSampler(
-            num_examples if problem is None else 1,
-            self.sample_rate,
-            generator=torch.Generator().manual_seed(seed if problem is None else 0),
+            num_examples, self.sample_rate, generator=torch.Generator().manual_seed(seed)
         )
-        self._names = list(engine.params) if problem is None else []
+        self._names = list(engine.params)
         self._global: Tensor | None = None
         self._share: Tensor | None = None
         self._draws = 0
-        self._agree_on_setup(problem)
 
     @staticmethod
     def _check_local(
@@ -235,7 +237,7 @@ class DistributedDPSGD:
         fingerprint = model_fingerprint(params)
         return [
             ("dataset size N", float(self.num_examples)),
-            ("sample rate q", self.sample_rate),
+            ("sample rate q", float(engine.sample_rate)),  # type: ignore[arg-type]
             ("sampling seed", float(self.seed)),
             ("partition", _digest(self.partition)),
             ("check_every", float(self.check_every)),
@@ -264,7 +266,7 @@ class DistributedDPSGD:
                 raise DPSGDError(f"rank {r} could not set up DistributedDPSGD (see its error)")
         for r, row in enumerate(rows[1:], start=1):
             for k, name in enumerate(names, start=1):
-                if row[k] != rows[0][k]:
+                if not _same(row[k : k + 1], rows[0][k : k + 1]):
                     raise DPSGDError(
                         f"rank {r} disagrees with rank 0 on the {name}: every rank must build "
                         "the same model, optimizer and DP settings and use the same seed"
@@ -310,7 +312,7 @@ class DistributedDPSGD:
 
     def _check_models(self, rows: list[Tensor], start: int, when: str) -> None:
         for r, row in enumerate(rows[1:], start=1):
-            if not torch.equal(row[start : start + 2], rows[0][start : start + 2]):
+            if not _same(row[start : start + 2], rows[0][start : start + 2]):
                 raise DPSGDError(
                     f"rank {r}'s model differs from rank 0's {when}: the ranks have diverged "
                     "(another initial model or optimizer state, or a model changed on one rank)"
@@ -320,6 +322,11 @@ class DistributedDPSGD:
         """One distributed DP-SGD step on this rank's share (from :meth:`next_share`).
 
         A collective: every rank must call it once per drawn batch, also with an empty share.
+        Rank 0 draws the noise tensors in the order in which a single process's
+        :meth:`DPSGD.step` would draw them — the order in which clipping first touches each
+        parameter's sum buffer (by increasing layer size under ghost clipping, parameter order
+        for an empty batch, and the discarded draws of an ``auto`` switch to per_sample), taken
+        from the first rank with a non-empty share — so the same generator gives the same noise.
         """
         engine = self.engine
         share, batch_indices, draws = self._share, self._global, self._draws
@@ -365,7 +372,7 @@ class DistributedDPSGD:
             float(engine.steps),
             float(clipped.loss.double().sum()) if clipped is not None and local else 0.0,
             *fingerprint,
-            *[float(position[n]) for n in order if clipped is not None],
+            *[float(position[n]) for n in order[: 2 * len(self._names)] if clipped is not None],
         ]
         vector += [-1.0] * (9 + 2 * len(self._names) - len(vector))
         rows = self._gather(torch.tensor(vector, dtype=torch.float64))
@@ -414,12 +421,12 @@ class DistributedDPSGD:
                     f"rank {r} failed in step {step} (see its error); every rank stops"
                 )
         for r, row in enumerate(rows[1:], start=1):
-            if not torch.equal(row[2:4], rows[0][2:4]):
+            if not _same(row[2:4], rows[0][2:4]):
                 raise DPSGDError(
                     f"rank {r} drew another Poisson batch than rank 0 in step {step}: every rank "
                     "must use the same seed and call next_share() once per step"
                 )
-            if row[4] != rows[0][4]:
+            if not _same(row[4:5], rows[0][4:5]):
                 raise DPSGDError(
                     f"rank {r} uses noise multiplier {float(row[4]):g} but rank 0 uses "
                     f"{float(rows[0][4]):g}"
