@@ -1,4 +1,8 @@
-"""Ghost-clipping rules for Linear, Conv2d, Embedding, LayerNorm, GroupNorm and RMSNorm.
+"""Ghost-clipping rules for Linear, Conv2d (groups=1), Embedding, LayerNorm, GroupNorm, RMSNorm.
+
+Further rules live in ``rules_conv.py`` (Conv1d/2d/3d with any groups, ConvTranspose1d/2d/3d),
+``rules_embedding.py`` (EmbeddingBag) and ``rules_norm.py`` (InstanceNorm1d/2d/3d); they are
+imported at the end of this module, so importing it registers every built-in rule.
 
 Notation for one layer and one batch: a ∈ R^{B×T×d} are the layer inputs, g ∈ R^{B×T×p} the
 gradients of Σ_i L_i with respect to the layer outputs (row i depends on example i only), and
@@ -21,15 +25,20 @@ gradients of Σ_i L_i with respect to the layer outputs (row i depends on exampl
   T²(d+p) ≥ instantiation time Tpd) and the B·p·d numbers kept are no more than the B·T·(d+p)
   activations and output gradients they replace (released unless another layer shares them).
   The Gram matrices are formed a chunk of examples at a time.
-* Conv2d (groups = 1, any stride, padding, dilation, padding mode): im2col makes the layer a
-  Linear with T = output positions and d = C_in·k_h·k_w (Bu et al. 2022, "Scalable and efficient
-  training of large convolutional neural networks with differential privacy", mixed ghost
-  clipping); same per-layer choice.  The patches are a strided view of the channels-last input
-  copied one chunk of examples at a time (several times faster on CPU than ``F.unfold``), and
-  the clipped sum of the ghost-norm branch is one ``conv2d_weight`` call on c-scaled output
-  gradients, so patches never exist for the whole batch.
+* Conv2d (groups = 1, any stride, padding, dilation, padding mode; the fast path of the
+  convolution rule of ``rules_conv.py``, which handles the other convolutions): im2col makes
+  the layer a Linear with T = output positions and d = C_in·k_h·k_w (Bu et al. 2022,
+  "Scalable and efficient training of large convolutional neural networks with differential
+  privacy", mixed ghost clipping); same per-layer choice.  The patches are a strided view of
+  the channels-last input copied one chunk of examples at a time (several times faster on CPU
+  than ``F.unfold``), and the clipped sum of the ghost-norm branch is one ``conv2d_weight``
+  call on c-scaled output gradients, so patches never exist for the whole batch.
 * Embedding: ‖∇_E L_i‖² = Σ_{t,t'} 1[tok_t = tok_t'] g_t·g_t' (Li et al. 2022), evaluated as
-  Σ_v ‖Σ_{t: tok_t = v} g_t‖² by grouping equal tokens — O(Td) rather than O(T²d).
+  Σ_v ‖Σ_{t: tok_t = v} g_t‖² by grouping equal tokens — O(Td) rather than O(T²d).  Tokens at
+  ``padding_idx`` get no gradient and are dropped; ``sparse=True`` is exact (only the kind of
+  gradient autograd would form differs, and ghost clipping forms none); ``max_norm`` is refused
+  (it renormalises the weight in place during forward), as is ``scale_grad_by_freq`` (its
+  counts are over the batch).
 * LayerNorm, GroupNorm, RMSNorm: the per-example weight/bias gradients (Σ over positions of
   g ⊙ x̂ and of g, x̂ the normalised input) are small and instantiated directly.
 """
