@@ -152,9 +152,8 @@ def test_the_model_itself_and_shared_modules_are_replaced():
     [
         (nn.Embedding(10, 4, max_norm=1.0), "max_norm=1.0 rewrites rows"),
         (nn.EmbeddingBag(10, 4, max_norm=2.0), "max_norm=2.0"),
-        (nn.LSTM(4, 4, proj_size=2), "proj_size=2 has no drop-in"),
-        (nn.MultiheadAttention(4, 2, add_bias_kv=True), "add_bias_kv=True has no drop-in"),
         (nn.LazyBatchNorm1d(), "not known yet"),
+        (nn.LazyInstanceNorm1d(track_running_stats=True), "not known yet"),
     ],
 )
 def test_what_cannot_be_fixed_is_refused_in_one_line(layer, message):
@@ -170,10 +169,32 @@ def test_what_cannot_be_fixed_is_refused_in_one_line(layer, message):
 
 def test_every_unfixable_layer_is_listed_not_only_the_first():
     model = nn.Sequential(nn.Embedding(10, 4, max_norm=1.0), nn.BatchNorm1d(4),
-                          nn.LSTM(4, 4, proj_size=2))  # fmt: skip
+                          nn.LazyBatchNorm2d())  # fmt: skip
     with pytest.raises(DPSGDError, match="cannot fix 2 layer") as info:
         fix(model)
-    assert "'0' (Embedding)" in str(info.value) and "'2' (LSTM)" in str(info.value)
+    assert "'0' (Embedding)" in str(info.value) and "'2' (LazyBatchNorm2d)" in str(info.value)
+
+
+def test_projected_lstm_and_attention_with_bias_kv_are_fixed_with_equal_outputs():
+    torch.manual_seed(0)
+    model = nn.ModuleDict(
+        {"rnn": nn.GRU(3, 4, batch_first=True),
+         "lstm": nn.LSTM(3, 5, proj_size=2, bidirectional=True),
+         "attn": nn.MultiheadAttention(8, 2, add_bias_kv=True, add_zero_attn=True, kdim=3, vdim=3)}
+    ).double()  # fmt: skip
+    fixed = fix(model)
+    assert [type(m).__name__ for m in fixed.values()] == ["DPGRU", "DPLSTM", "DPMultiheadAttention"]
+    x, q = torch.randn(6, 2, 3, dtype=F64), torch.randn(4, 2, 8, dtype=F64)
+    for name, args in (("rnn", (x,)), ("lstm", (x,)), ("attn", (q, x, x))):
+        got, want = fixed[name](*args), model[name](*args)
+        for g, w in zip(_leaves(got), _leaves(want), strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+
+
+def _leaves(value: object) -> list[Tensor]:
+    if isinstance(value, Tensor):
+        return [value]
+    return [leaf for item in value for leaf in _leaves(item)]
 
 
 def test_a_replacement_that_would_untie_weights_is_refused():

@@ -11,12 +11,17 @@ same functions from ``nn.Linear`` layers only — the approach of Opacus's ``DPL
 ``DPMultiheadAttention`` — so that the Linear rule of ghost clipping applies to every parameter:
 
 * recurrent layers: the input projection is one Linear applied to the whole (B, T, d) sequence
-  at once, the hidden projection one Linear called once per time step on (B, h) (ghost clipping
-  handles a layer called several times by treating the calls as a sequence axis).  The
-  recurrences are those of the PyTorch documentation of nn.RNN, nn.LSTM (Hochreiter &
-  Schmidhuber 1997, with the forget gate of Gers et al. 2000) and nn.GRU (Cho et al. 2014), in
-  the same gate order, so a stock module's weights load unchanged (``from_module`` or
-  ``load_state_dict`` of the stock state dict) and the outputs are equal.
+  at once, the hidden projection one Linear called once per time step on (B, h) (ghost
+  clipping handles a layer called several times by treating the calls as a sequence axis), and
+  the LSTM projection (``proj_size``, Sak et al. 2014) one more.  The recurrences are those of
+  the PyTorch documentation of nn.RNN, nn.LSTM (Hochreiter & Schmidhuber 1997, with the forget
+  gate of Gers et al. 2000) and nn.GRU (Cho et al. 2014), in the same gate order, so a stock
+  module's weights load unchanged (``from_module`` or ``load_state_dict`` of the stock state
+  dict) and the outputs are equal.  A PackedSequence is unpacked to a padded batch and each
+  example's steps past its length are masked out, so they contribute nothing to its gradient.
+  Ghost clipping probes the model on 1 and 2 examples and needs the same layer calls in both;
+  a PackedSequence has as many steps as its longest sequence, which differs between them, so
+  for DP training pass the padded batch with ``lengths=`` (same masking, fixed T) instead.
 * attention: scaled dot-product multi-head attention (Vaswani et al. 2017, Sec. 3.2) with
   separate q/k/v/out Linear projections, the same masks and outputs as nn.MultiheadAttention.
 
@@ -34,7 +39,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from privacylab.training.dp.errors import DPSGDError
 
@@ -48,29 +53,49 @@ __all__ = [
 ]
 
 _GATES = {"RNN_TANH": 1, "RNN_RELU": 1, "LSTM": 4, "GRU": 3}
-_STOCK_KEY = re.compile(r"^(weight|bias)_(ih|hh)_l(\d+)(_reverse)?$")
+_STOCK_KEY = re.compile(r"^(weight|bias)_(ih|hh|hr)_l(\d+)(_reverse)?$")
+
+
+def _stock_to_dp_name(name: str) -> str | None:
+    """``weight_ih_l1_reverse`` -> ``l1_reverse.ih.weight`` (None for other names)."""
+    match = _STOCK_KEY.match(name)
+    if match is None:
+        return None
+    kind, projection, layer, reverse = match.groups()
+    return f"l{layer}{reverse or ''}.{projection}.{kind}"
 
 
 class RecurrentCell(nn.Module):
-    """One layer and direction of a recurrent network: the input and hidden projections.
+    """One layer and direction of a recurrent network: its Linear projections.
 
     ``ih`` holds the stock ``weight_ih_l{k}`` / ``bias_ih_l{k}``, ``hh`` the ``weight_hh_l{k}`` /
-    ``bias_hh_l{k}``, with the gates stacked in the stock order (LSTM: i, f, g, o; GRU: r, z, n).
+    ``bias_hh_l{k}``, with the gates stacked in the stock order (LSTM: i, f, g, o; GRU: r, z, n);
+    ``hr`` (LSTM with ``proj_size`` only) the projection ``weight_hr_l{k}``.
     """
 
     def __init__(
-        self, input_size: int, hidden_size: int, gates: int, bias: bool, **factory: Any
+        self,
+        input_size: int,
+        hidden_size: int,
+        gates: int,
+        bias: bool,
+        proj_size: int = 0,
+        **factory: Any,
     ) -> None:
         super().__init__()
         self.ih = nn.Linear(input_size, gates * hidden_size, bias=bias, **factory)
-        self.hh = nn.Linear(hidden_size, gates * hidden_size, bias=bias, **factory)
+        self.hh = nn.Linear(proj_size or hidden_size, gates * hidden_size, bias=bias, **factory)
+        if proj_size:
+            self.hr = nn.Linear(hidden_size, proj_size, bias=False, **factory)
 
 
 class DPRNNBase(nn.Module):
     """Shared machinery of :class:`DPRNN`, :class:`DPLSTM` and :class:`DPGRU`.
 
-    Same constructor arguments, attributes, call signature and outputs as the stock module;
-    ``proj_size`` and PackedSequence inputs are refused with one line (pad the batch instead).
+    Same constructor arguments, attributes, call signature and outputs as the stock module,
+    including unbatched (T, d) inputs and PackedSequence inputs (unpacked to a padded batch;
+    each example's state stops changing after its last step, the reverse direction reads each
+    sequence backwards from its own last step, and the output is packed like the input).
     Parameters are named ``l{k}[_reverse].ih.weight`` etc.; a stock state dict
     (``weight_ih_l0`` ...) is renamed when loaded.
     """
@@ -91,21 +116,25 @@ class DPRNNBase(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        for name, value in (
+        name = type(self).__name__
+        for label, value in (
             ("input_size", input_size),
             ("hidden_size", hidden_size),
             ("num_layers", num_layers),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise DPSGDError(
-                    f"{type(self).__name__} {name} must be a whole number >= 1, got {value!r}"
-                )
-        if not isinstance(dropout, (int, float)) or not 0.0 <= float(dropout) <= 1.0:
-            raise DPSGDError(f"{type(self).__name__} dropout must be in [0, 1], got {dropout!r}")
-        if proj_size:
+                raise DPSGDError(f"{name} {label} must be a whole number >= 1, got {value!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
+            raise DPSGDError(f"{name} dropout must be in [0, 1], got {dropout!r}")
+        if not 0.0 <= float(dropout) <= 1.0:
+            raise DPSGDError(f"{name} dropout must be in [0, 1], got {dropout!r}")
+        if isinstance(proj_size, bool) or not isinstance(proj_size, int) or proj_size < 0:
+            raise DPSGDError(f"{name} proj_size must be a whole number >= 0, got {proj_size!r}")
+        if proj_size and self.mode != "LSTM":
+            raise DPSGDError(f"{name} has no proj_size (only DPLSTM has), got {proj_size}")
+        if proj_size >= hidden_size:
             raise DPSGDError(
-                f"{type(self).__name__} does not support proj_size={proj_size!r}; use "
-                "proj_size=0 and a Linear layer on the outputs"
+                f"{name} proj_size={proj_size} must be smaller than hidden_size={hidden_size}"
             )
         self.input_size = input_size
         self.hidden_size = hidden_size
@@ -114,18 +143,22 @@ class DPRNNBase(nn.Module):
         self.batch_first = batch_first
         self.dropout = float(dropout)
         self.bidirectional = bidirectional
-        self.proj_size = 0
+        self.proj_size = proj_size
         self.drop = nn.Dropout(self.dropout)
         gates = _GATES[self.mode]
         directions = 2 if bidirectional else 1
         factory = {"device": device, "dtype": dtype}
         for layer in range(num_layers):
-            width = input_size if layer == 0 else hidden_size * directions
+            width = input_size if layer == 0 else self._output_size * directions
             for direction in range(directions):
-                cell = RecurrentCell(width, hidden_size, gates, bias, **factory)
+                cell = RecurrentCell(width, hidden_size, gates, bias, proj_size, **factory)
                 self.add_module(self._cell_name(layer, direction), cell)
         self.reset_parameters()
         self._register_load_state_dict_pre_hook(self._rename_stock_keys)
+
+    @property
+    def _output_size(self) -> int:
+        return self.proj_size or self.hidden_size
 
     @staticmethod
     def _cell_name(layer: int, direction: int) -> str:
@@ -147,25 +180,23 @@ class DPRNNBase(nn.Module):
         parts = [f"{self.input_size}, {self.hidden_size}"]
         if self.num_layers != 1:
             parts.append(f"num_layers={self.num_layers}")
-        for name, default in (
+        for label, default in (
             ("bias", True),
             ("batch_first", False),
             ("dropout", 0.0),
             ("bidirectional", False),
+            ("proj_size", 0),
         ):
-            if getattr(self, name) != default:
-                parts.append(f"{name}={getattr(self, name)}")
+            if getattr(self, label) != default:
+                parts.append(f"{label}={getattr(self, label)}")
         return ", ".join(parts)
 
     @staticmethod
     def _rename_stock_keys(state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
         for key in [k for k in state_dict if k.startswith(prefix)]:
-            match = _STOCK_KEY.match(key[len(prefix) :])
-            if match is None:
-                continue
-            kind, projection, layer, reverse = match.groups()
-            new = f"{prefix}l{layer}{reverse or ''}.{projection}.{kind}"
-            state_dict[new] = state_dict.pop(key)
+            new = _stock_to_dp_name(key[len(prefix) :])
+            if new is not None:
+                state_dict[prefix + new] = state_dict.pop(key)
 
     @classmethod
     def stock_type(cls) -> type[nn.RNNBase]:
@@ -182,11 +213,6 @@ class DPRNNBase(nn.Module):
                 f"{cls.__name__}.from_module needs an nn.{expected.__name__}, got "
                 f"{type(stock).__name__}"
             )
-        if getattr(stock, "proj_size", 0):
-            raise DPSGDError(
-                f"{cls.__name__} cannot replace {type(stock).__name__} with proj_size="
-                f"{stock.proj_size}; use proj_size=0 and a Linear layer on the outputs"
-            )
         reference = next(iter(stock.parameters()))
         kwargs: dict[str, Any] = {
             "num_layers": stock.num_layers,
@@ -199,22 +225,21 @@ class DPRNNBase(nn.Module):
         }
         if cls is DPRNN:
             kwargs["nonlinearity"] = "relu" if stock.mode == "RNN_RELU" else "tanh"
+        if stock.proj_size:
+            kwargs["proj_size"] = stock.proj_size
         module = cls(stock.input_size, stock.hidden_size, **kwargs)
-        state = stock.state_dict()
-        module.load_state_dict(state)
-        frozen = {n for n, p in stock.named_parameters() if not p.requires_grad}
-        renamed = {}
-        for name in frozen:
-            kind, projection, layer, reverse = _STOCK_KEY.match(name).groups()  # type: ignore[union-attr]
-            renamed[f"l{layer}{reverse or ''}.{projection}.{kind}"] = name
+        module.load_state_dict(stock.state_dict())
+        frozen = {_stock_to_dp_name(n) for n, p in stock.named_parameters() if not p.requires_grad}
         for name, param in module.named_parameters():
-            param.requires_grad_(name not in renamed)
+            param.requires_grad_(name not in frozen)
         module.train(stock.training)
         return module
 
-    def _initial_state(self, hx: Tensor | None, batch: int, x: Tensor, what: str) -> Tensor:
-        """(layers·directions, B, h) initial state, zeros when not given."""
-        shape = (self.num_layers * (2 if self.bidirectional else 1), batch, self.hidden_size)
+    def _initial_state(
+        self, hx: Tensor | None, batch: int, x: Tensor, what: str, size: int
+    ) -> Tensor:
+        """(layers·directions, B, size) initial state, zeros when not given."""
+        shape = (self.num_layers * (2 if self.bidirectional else 1), batch, size)
         if hx is None:
             return x.new_zeros(shape)
         if not isinstance(hx, Tensor) or tuple(hx.shape) != shape:
@@ -229,10 +254,20 @@ class DPRNNBase(nn.Module):
         raise NotImplementedError
 
     def _run(
-        self, x: Tensor, h0: Tensor, c0: Tensor | None
+        self, x: Tensor, h0: Tensor, c0: Tensor | None, lengths: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """All layers on a batch-first (B, T, d) input; states are (L·D, B, h)."""
+        """All layers on a batch-first (B, T, d) input; states are (L·D, B, ·).
+
+        With ``lengths`` (B,), example i has steps 0..lengths[i]−1: later steps keep its state
+        and output zeros, and the reverse direction reads its steps lengths[i]−1, ..., 0.
+        """
         directions = 2 if self.bidirectional else 1
+        steps = x.shape[1]
+        active = backwards = None
+        if lengths is not None:
+            t = torch.arange(steps, device=x.device)
+            active = t[None, :] < lengths[:, None]
+            backwards = torch.where(active, lengths[:, None] - 1 - t[None, :], t[None, :])
         h_n, c_n = [], []
         for layer in range(self.num_layers):
             if layer > 0 and self.dropout > 0:
@@ -241,50 +276,113 @@ class DPRNNBase(nn.Module):
             for direction in range(directions):
                 cell = self._cell(layer, direction)
                 index = layer * directions + direction
-                sequence = x.flip(1) if direction else x
+                sequence = _reverse(x, backwards) if direction else x
                 projected = cell.ih(sequence)
                 hidden = h0[index]
                 state = None if c0 is None else c0[index]
-                steps = []
-                for t in range(projected.shape[1]):
-                    hidden, state = self._step(projected[:, t], hidden, state, cell)
-                    steps.append(hidden)
-                out = torch.stack(steps, 1)
-                outputs.append(out.flip(1) if direction else out)
+                out = []
+                for step in range(steps):
+                    new_hidden, new_state = self._step(projected[:, step], hidden, state, cell)
+                    if active is None:
+                        hidden, state = new_hidden, new_state
+                        out.append(hidden)
+                        continue
+                    keep = active[:, step, None]
+                    hidden = torch.where(keep, new_hidden, hidden)
+                    if state is not None and new_state is not None:
+                        state = torch.where(keep, new_state, state)
+                    out.append(torch.where(keep, new_hidden, torch.zeros_like(new_hidden)))
+                result = torch.stack(out, 1)
+                outputs.append(_reverse(result, backwards) if direction else result)
                 h_n.append(hidden)
                 if state is not None:
                     c_n.append(state)
             x = outputs[0] if directions == 1 else torch.cat(outputs, 2)
         return x, torch.stack(h_n), torch.stack(c_n) if c_n else None
 
-    def _prepare(self, input: Tensor) -> tuple[Tensor, bool]:
-        """The input as batch-first (B, T, d), and whether it was unbatched (T, d)."""
+    def _forward(
+        self,
+        input: Tensor | PackedSequence,
+        h0: Tensor | None,
+        c0: Tensor | None,
+        what: str,
+        lengths: Tensor | None,
+    ) -> tuple[Tensor | PackedSequence, Tensor, Tensor | None]:
+        """Checks, layout (batch-first inside), initial states, all layers, layout back."""
         name = type(self).__name__
-        if isinstance(input, PackedSequence):
-            raise DPSGDError(
-                f"{name} does not take a PackedSequence; pass the padded batch (and mask or "
-                "gather the outputs at each sequence's length)"
-            )
-        if not isinstance(input, Tensor) or input.dim() not in (2, 3):
+        packed = input if isinstance(input, PackedSequence) else None
+        if lengths is not None and (packed is not None or input.dim() != 3):
+            raise DPSGDError(f"{name} takes lengths= only with a padded 3-D input tensor")
+        if packed is not None:
+            x, lengths = pad_packed_sequence(packed, batch_first=True)
+            lengths = lengths.to(x.device)
+        elif isinstance(input, Tensor) and input.dim() in (2, 3):
+            x = input
+        else:
             got = tuple(input.shape) if isinstance(input, Tensor) else type(input).__name__
             raise DPSGDError(f"{name} expects a 2-D or 3-D input tensor, got {got}")
-        if input.shape[-1] != self.input_size:
+        if x.shape[-1] != self.input_size:
             raise DPSGDError(
-                f"{name} expects input_size={self.input_size} features, got {input.shape[-1]}"
+                f"{name} expects input_size={self.input_size} features, got {x.shape[-1]}"
             )
-        unbatched = input.dim() == 2
+        unbatched = packed is None and x.dim() == 2
         if unbatched:
-            x = input.unsqueeze(0)
-        else:
-            x = input if self.batch_first else input.transpose(0, 1)
+            x = x.unsqueeze(0)
+            h0 = h0.unsqueeze(1) if isinstance(h0, Tensor) and h0.dim() == 2 else h0
+            c0 = c0.unsqueeze(1) if isinstance(c0, Tensor) and c0.dim() == 2 else c0
+        elif packed is None and not self.batch_first:
+            x = x.transpose(0, 1)
         if x.shape[1] == 0:
             raise DPSGDError(f"{name} needs sequences of length >= 1")
-        return x, unbatched
-
-    def _finish(self, out: Tensor, unbatched: bool) -> Tensor:
+        batch = x.shape[0]
+        if lengths is not None and packed is None:
+            lengths = _check_lengths(name, lengths, batch, x.shape[1], x.device)
+        h0 = self._initial_state(h0, batch, x, what, self._output_size)
+        if self.mode == "LSTM":
+            c0 = self._initial_state(c0, batch, x, "c_0", self.hidden_size)
+        out, h_n, c_n = self._run(x, h0, c0, lengths)
         if unbatched:
-            return out.squeeze(0)
-        return out if self.batch_first else out.transpose(0, 1)
+            return out.squeeze(0), h_n.squeeze(1), None if c_n is None else c_n.squeeze(1)
+        if packed is not None:
+            assert lengths is not None
+            order = packed.sorted_indices
+            if order is not None:
+                out, lengths = out.index_select(0, order), lengths.index_select(0, order)
+            data = pack_padded_sequence(out, lengths.cpu(), batch_first=True).data
+            result = PackedSequence(
+                data, packed.batch_sizes, packed.sorted_indices, packed.unsorted_indices
+            )
+            return result, h_n, c_n
+        return (out if self.batch_first else out.transpose(0, 1)), h_n, c_n
+
+
+def _check_lengths(name: str, lengths: object, batch: int, steps: int, device: object) -> Tensor:
+    """``lengths`` as a (B,) integer tensor with values in [1, T], or DPSGDError."""
+    if not isinstance(lengths, Tensor):
+        try:
+            lengths = torch.as_tensor(lengths)
+        except (TypeError, ValueError, RuntimeError):
+            raise DPSGDError(f"{name} lengths must be a (B,) tensor of integers") from None
+    if lengths.dtype.is_floating_point or lengths.dtype == torch.bool or lengths.shape != (batch,):
+        raise DPSGDError(
+            f"{name} lengths must be a ({batch},) integer tensor, got {lengths.dtype} of shape "
+            f"{tuple(lengths.shape)}"
+        )
+    lengths = lengths.to(device=device, dtype=torch.long)
+    try:
+        bad = bool(((lengths < 1) | (lengths > steps)).any())
+    except RuntimeError:  # inside torch.func.vmap values cannot be inspected: gather checks > T
+        bad = False
+    if bad:
+        raise DPSGDError(f"{name} lengths must lie in [1, {steps}], got {lengths.tolist()}")
+    return lengths
+
+
+def _reverse(x: Tensor, backwards: Tensor | None) -> Tensor:
+    """Each sequence of a (B, T, ·) batch reversed: whole rows, or within its own length."""
+    if backwards is None:
+        return x.flip(1)
+    return x.gather(1, backwards[:, :, None].expand(-1, -1, x.shape[2]))
 
 
 class DPRNN(DPRNNBase):
@@ -332,15 +430,23 @@ class DPRNN(DPRNNBase):
         pre = projected + cell.hh(hidden)
         return (torch.tanh(pre) if self.nonlinearity == "tanh" else torch.relu(pre)), None
 
-    def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """``input`` (T, B, d) — (B, T, d) if batch_first, (T, d) unbatched; ``hx``
-        (L·D, B, h) or (L·D, h).  Returns output (…, D·h) and h_n like nn.RNN."""
-        x, unbatched = self._prepare(input)
-        if unbatched and hx is not None and hx.dim() == 2:
-            hx = hx.unsqueeze(1)
-        h0 = self._initial_state(hx, x.shape[0], x, "hx")
-        out, h_n, _ = self._run(x, h0, None)
-        return self._finish(out, unbatched), h_n.squeeze(1) if unbatched else h_n
+    def forward(
+        self,
+        input: Tensor | PackedSequence,
+        hx: Tensor | None = None,
+        *,
+        lengths: Tensor | None = None,
+    ) -> tuple[Tensor | PackedSequence, Tensor]:
+        """``input`` (T, B, d) — (B, T, d) if batch_first, (T, d) unbatched, or a
+        PackedSequence; ``hx`` (L·D, B, h) or (L·D, h).  Returns output (…, D·h) and h_n.
+
+        ``lengths`` (B,), an extension of the stock signature: example i has steps
+        0..lengths[i]−1 of the padded input — the PackedSequence computation on a tensor whose
+        number of steps does not depend on the batch (which ghost clipping's probe on 1 and 2
+        examples needs, and vmap too); its outputs past each length are 0.
+        """
+        out, h_n, _ = self._forward(input, hx, None, "hx", lengths)
+        return out, h_n
 
 
 class DPGRU(DPRNNBase):
@@ -367,22 +473,24 @@ class DPGRU(DPRNNBase):
         candidate = torch.tanh(x_n + reset * h_n)
         return candidate + update * (hidden - candidate), None
 
-    def forward(self, input: Tensor, hx: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Same shapes as :meth:`DPRNN.forward`."""
-        x, unbatched = self._prepare(input)
-        if unbatched and hx is not None and hx.dim() == 2:
-            hx = hx.unsqueeze(1)
-        h0 = self._initial_state(hx, x.shape[0], x, "hx")
-        out, h_n, _ = self._run(x, h0, None)
-        return self._finish(out, unbatched), h_n.squeeze(1) if unbatched else h_n
+    def forward(
+        self,
+        input: Tensor | PackedSequence,
+        hx: Tensor | None = None,
+        *,
+        lengths: Tensor | None = None,
+    ) -> tuple[Tensor | PackedSequence, Tensor]:
+        """Same shapes and ``lengths`` as :meth:`DPRNN.forward`."""
+        out, h_n, _ = self._forward(input, hx, None, "hx", lengths)
+        return out, h_n
 
 
 class DPLSTM(DPRNNBase):
     """Drop-in for nn.LSTM (Hochreiter & Schmidhuber 1997; forget gate of Gers et al. 2000):
     (i, f, g, o) = (σ, σ, tanh, σ)(W_ih x + b_ih + W_hh h + b_hh), c' = f ⊙ c + i ⊙ g,
-    h' = o ⊙ tanh(c').
+    h' = o ⊙ tanh(c'), and with ``proj_size`` h' = W_hr (o ⊙ tanh(c')) (Sak et al. 2014).
 
-    ``forward(input, (h_0, c_0)=None) -> (output, (h_n, c_n))``; ``proj_size`` is refused.
+    ``forward(input, (h_0, c_0)=None) -> (output, (h_n, c_n))``.
     """
 
     mode = "LSTM"
@@ -396,28 +504,28 @@ class DPLSTM(DPRNNBase):
     ) -> tuple[Tensor, Tensor]:
         i, f, g, o = (projected + cell.hh(hidden)).chunk(4, 1)
         state = torch.sigmoid(f) * state + torch.sigmoid(i) * torch.tanh(g)
-        return torch.sigmoid(o) * torch.tanh(state), state
+        hidden = torch.sigmoid(o) * torch.tanh(state)
+        if self.proj_size:
+            hidden = cell.hr(hidden)
+        return hidden, state
 
     def forward(
-        self, input: Tensor, hx: tuple[Tensor, Tensor] | None = None
-    ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        """Same shapes as :meth:`DPRNN.forward`, with the state a pair (h, c)."""
-        x, unbatched = self._prepare(input)
+        self,
+        input: Tensor | PackedSequence,
+        hx: tuple[Tensor, Tensor] | None = None,
+        *,
+        lengths: Tensor | None = None,
+    ) -> tuple[Tensor | PackedSequence, tuple[Tensor, Tensor]]:
+        """Same shapes and ``lengths`` as :meth:`DPRNN.forward`, with the state a pair (h, c);
+        with ``proj_size`` P, h and the output have P features per direction."""
         h0 = c0 = None
         if hx is not None:
             if not isinstance(hx, (tuple, list)) or len(hx) != 2:
                 raise DPSGDError("DPLSTM expects hx to be a pair (h_0, c_0)")
             h0, c0 = hx
-            if unbatched:
-                h0 = h0.unsqueeze(1) if isinstance(h0, Tensor) and h0.dim() == 2 else h0
-                c0 = c0.unsqueeze(1) if isinstance(c0, Tensor) and c0.dim() == 2 else c0
-        h0 = self._initial_state(h0, x.shape[0], x, "h_0")
-        c0 = self._initial_state(c0, x.shape[0], x, "c_0")
-        out, h_n, c_n = self._run(x, h0, c0)
+        out, h_n, c_n = self._forward(input, h0, c0, "h_0", lengths)
         assert c_n is not None
-        if unbatched:
-            return self._finish(out, True), (h_n.squeeze(1), c_n.squeeze(1))
-        return self._finish(out, False), (h_n, c_n)
+        return out, (h_n, c_n)
 
 
 class DPMultiheadAttention(nn.Module):
@@ -426,10 +534,11 @@ class DPMultiheadAttention(nn.Module):
     Scaled dot-product attention (Vaswani et al. 2017, Sec. 3.2.2) with the stock module's
     arguments, masks (boolean: True = not allowed; float: added), attention dropout, zero
     attention and outputs ``(output, weights or None)``; the weights are averaged over heads
-    unless ``average_attn_weights=False``.  ``add_bias_kv`` is refused (its parameters are used
-    outside any Linear).  ``is_causal=True`` without ``attn_mask`` applies the causal mask
-    (the stock module raises instead); with ``attn_mask`` the mask is used as given.
-    A stock state dict (``in_proj_weight``, ``q_proj_weight`` ..., ``in_proj_bias``,
+    unless ``average_attn_weights=False``.  ``add_bias_kv``'s learned key and value appended to
+    every sequence are Linear(1, E) layers applied to a (B, 1, 1) tensor of ones, so that ghost
+    clipping's Linear rule covers them too.  ``is_causal=True`` without ``attn_mask`` applies
+    the causal mask (the stock module raises instead); with ``attn_mask`` the mask is used as
+    given.  A stock state dict (``in_proj_weight``, ``q_proj_weight`` ..., ``in_proj_bias``,
     ``out_proj.*``) is split into the four projections when loaded.
     """
 
@@ -456,11 +565,6 @@ class DPMultiheadAttention(nn.Module):
             raise DPSGDError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         if not isinstance(dropout, (int, float)) or not 0.0 <= float(dropout) <= 1.0:
             raise DPSGDError(f"dropout must be in [0, 1], got {dropout!r}")
-        if add_bias_kv:
-            raise DPSGDError(
-                "DPMultiheadAttention does not support add_bias_kv=True (bias_k/bias_v are used "
-                "outside any Linear layer); use add_bias_kv=False"
-            )
         self.embed_dim = embed_dim
         self.kdim = kdim if kdim is not None else embed_dim
         self.vdim = vdim if vdim is not None else embed_dim
@@ -469,12 +573,15 @@ class DPMultiheadAttention(nn.Module):
         self.dropout = float(dropout)
         self.batch_first = batch_first
         self.add_zero_attn = add_zero_attn
-        self.bias_k = self.bias_v = None
+        self.add_bias_kv = add_bias_kv
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias, **factory)
         self.v_proj = nn.Linear(self.vdim, embed_dim, bias=bias, **factory)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        if add_bias_kv:
+            self.k_bias = nn.Linear(1, embed_dim, bias=False, **factory)
+            self.v_bias = nn.Linear(1, embed_dim, bias=False, **factory)
         self._reset_parameters()
         self._register_load_state_dict_pre_hook(self._rename_stock_keys)
 
@@ -486,6 +593,9 @@ class DPMultiheadAttention(nn.Module):
                 nn.init.zeros_(proj.bias)
         if self.out_proj.bias is not None:
             nn.init.zeros_(self.out_proj.bias)
+        if self.add_bias_kv:
+            for extra in (self.k_bias, self.v_bias):
+                nn.init.normal_(extra.weight, std=1.0 / math.sqrt(self.embed_dim))
 
     @staticmethod
     def _rename_stock_keys(state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
@@ -498,6 +608,10 @@ class DPMultiheadAttention(nn.Module):
             separate = state_dict.pop(f"{prefix}{name}_weight", None)
             if separate is not None:
                 state_dict[f"{prefix}{name}.weight"] = separate
+        for name in ("k", "v"):
+            extra = state_dict.pop(f"{prefix}bias_{name}", None)
+            if extra is not None:
+                state_dict[f"{prefix}{name}_bias.weight"] = extra.reshape(-1, 1)
         bias = state_dict.pop(prefix + "in_proj_bias", None)
         if bias is not None:
             for name, part in zip(names, bias.chunk(3, 0), strict=True):
@@ -512,17 +626,13 @@ class DPMultiheadAttention(nn.Module):
                 "DPMultiheadAttention.from_module needs an nn.MultiheadAttention, got "
                 f"{type(stock).__name__}"
             )
-        if stock.bias_k is not None:
-            raise DPSGDError(
-                "DPMultiheadAttention cannot replace an nn.MultiheadAttention with "
-                "add_bias_kv=True (bias_k/bias_v are used outside any Linear layer)"
-            )
         reference = stock.out_proj.weight
         module = cls(
             stock.embed_dim,
             stock.num_heads,
             dropout=stock.dropout,
             bias=stock.in_proj_bias is not None,
+            add_bias_kv=stock.bias_k is not None,
             add_zero_attn=stock.add_zero_attn,
             kdim=stock.kdim,
             vdim=stock.vdim,
@@ -536,6 +646,8 @@ class DPMultiheadAttention(nn.Module):
             projection, kind = name.split(".")
             if projection == "out_proj":
                 stock_names = {name}
+            elif projection in ("k_bias", "v_bias"):
+                stock_names = {f"bias_{projection[0]}"}
             elif kind == "bias":
                 stock_names = {"in_proj_bias"}
             else:
@@ -585,8 +697,14 @@ class DPMultiheadAttention(nn.Module):
             )
         heads, width = self.num_heads, self.head_dim
         q = self.q_proj(query).view(batch, target, heads, width).transpose(1, 2)
-        k = self.k_proj(key).view(batch, source, heads, width).transpose(1, 2)
-        v = self.v_proj(value).view(batch, source, heads, width).transpose(1, 2)
+        k, v = self.k_proj(key), self.v_proj(value)
+        if self.add_bias_kv:
+            ones = key.new_ones(batch, 1, 1)
+            k = torch.cat([k, self.k_bias(ones)], 1)
+            v = torch.cat([v, self.v_bias(ones)], 1)
+        keys = k.shape[1]
+        k = k.view(batch, keys, heads, width).transpose(1, 2)
+        v = v.view(batch, keys, heads, width).transpose(1, 2)
         if self.add_zero_attn:
             k = torch.cat([k, k.new_zeros(batch, heads, 1, width)], 2)
             v = torch.cat([v, v.new_zeros(batch, heads, 1, width)], 2)
@@ -640,17 +758,16 @@ class DPMultiheadAttention(nn.Module):
                 )
             padding = _additive(key_padding_mask, dtype, "key_padding_mask")[:, None, None]
             total = padding if total is None else total + padding
-        if total is not None and self.add_zero_attn:
-            total = F.pad(total, (0, 1))
+        extra = int(self.add_bias_kv) + int(self.add_zero_attn)
+        if total is not None and extra:
+            total = F.pad(total, (0, extra))
         return total
 
 
 def _additive(mask: Tensor, dtype: torch.dtype, name: str) -> Tensor:
     """A boolean mask (True = masked) as 0/−inf, a float mask as is."""
     if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
-            mask, float("-inf")
-        )
+        return torch.zeros((), dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
     if not mask.is_floating_point():
         raise DPSGDError(f"{name} must be a bool or float tensor, got {mask.dtype}")
     return mask.to(dtype)

@@ -189,17 +189,6 @@ def _diagnose(module: nn.Module) -> _Diagnosis | None:
             else "uses its parameters through F.multi_head_attention_forward, which no hook "
             "can clip per example"
         )
-        if getattr(module, "proj_size", 0):
-            return _Diagnosis(
-                problem + f"; proj_size={module.proj_size} has no drop-in (use proj_size=0 and "
-                "a Linear on the outputs)",
-                None,
-                None,
-            )
-        if getattr(module, "bias_k", None) is not None:
-            return _Diagnosis(
-                problem + "; add_bias_kv=True has no drop-in (use add_bias_kv=False)", None, None
-            )
         return _Diagnosis(
             problem,
             f"replace by privacylab.training.dp.modules.{replacement.__name__} (weights copied, "
