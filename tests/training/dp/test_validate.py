@@ -234,3 +234,44 @@ def test_a_clean_model_has_no_findings_and_a_clear_description():
     assert isinstance(Finding("a", "B", "c", None).line(), str)
     with pytest.raises(DPSGDError, match=r"needs a torch\.nn\.Module"):
         validate("not a model")  # type: ignore[arg-type]
+
+
+class EncoderClassifier(nn.Module):
+    """nn.TransformerEncoder (batch-first, padding mask derived from each example) and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        padding = x[..., 0] > 1.0
+        padding[:, 0] = False
+        return self.head(self.encoder(x, src_key_padding_mask=padding).mean(1))
+
+
+def test_a_fixed_transformer_encoder_keeps_its_outputs_and_is_clipped_exactly_by_ghost():
+    torch.manual_seed(0)
+    model = EncoderClassifier().double()
+    fixed = fix(model)
+    assert [f.path for f in validate(model)] == [
+        "encoder.layers.0.self_attn",
+        "encoder.layers.1.self_attn",
+    ]
+    x, y = torch.randn(4, 4, 8, dtype=F64), torch.randint(0, 3, (4,))  # L == B
+    for mode in ("train", "eval"):  # eval: nn.Transformer* must stay off their fused fast path
+        model.train(mode == "train")
+        fixed.train(mode == "train")
+        torch.testing.assert_close(fixed(x), model(x), rtol=1e-10, atol=1e-12)
+    names = [n for n, p in fixed.named_parameters() if p.requires_grad]
+    result = GhostClipping(fixed, _loss, ClipThresholds(C, names)).clip((x,), y)
+    params = dict(fixed.named_parameters())
+    for i in range(x.shape[0]):
+        loss = _loss(fixed(x[i : i + 1]), y[i : i + 1]).sum()
+        grads = torch.autograd.grad(loss, list(params.values()))
+        norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
+        torch.testing.assert_close(result.norms[i], norm, rtol=1e-9, atol=1e-12)
+        for name, g in zip(params, grads, strict=True):
+            result.grad_sum[name] -= (C / (norm + 1e-6)).clamp(max=1.0) * g
+    assert max(float(v.abs().max()) for v in result.grad_sum.values()) < 1e-10

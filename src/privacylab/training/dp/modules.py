@@ -311,7 +311,7 @@ class DPRNNBase(nn.Module):
         """Checks, layout (batch-first inside), initial states, all layers, layout back."""
         name = type(self).__name__
         packed = input if isinstance(input, PackedSequence) else None
-        if lengths is not None and (packed is not None or input.dim() != 3):
+        if lengths is not None and (not isinstance(input, Tensor) or input.dim() != 3):
             raise DPSGDError(f"{name} takes lengths= only with a padded 3-D input tensor")
         if packed is not None:
             x, lengths = pad_packed_sequence(packed, batch_first=True)
@@ -574,6 +574,9 @@ class DPMultiheadAttention(nn.Module):
         self.batch_first = batch_first
         self.add_zero_attn = add_zero_attn
         self.add_bias_kv = add_bias_kv
+        self._qkv_same_embed_dim = False
+        """No packed ``in_proj_weight``: keeps nn.Transformer* layers off their fused fast path."""
+        self.in_proj_weight = self.in_proj_bias = None
         factory: dict[str, Any] = {"device": device, "dtype": dtype}
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(self.kdim, embed_dim, bias=bias, **factory)
