@@ -69,37 +69,33 @@ def patches(
     out_size: Sequence[int],
     groups: int,
 ) -> Tensor:
-    """N-d im2col of (b, C, *S) ``x`` as (b·G, T, Π k · C/G), features ordered (k…, C/G).
+    """N-d im2col of (b, C, *S) ``x`` as (b·G, C/G · Π k, T), rows ordered (C/G, k…).
 
-    A strided view of the channels-last (zero padded) input, copied once; T = Π ``out_size``.
+    A strided view of the (zero padded) input, copied once; T = Π ``out_size``.  The rows are
+    in the order of the weight's (C/G, k…) dimensions, so per-example gradients need no
+    permutation, and the output-gradient side is a view of the (b, C_out, *O) tensor.
     """
     if any(padding):
         x = F.pad(x, _pad_pairs(padding))
-    x = x.movedim(1, -1).contiguous()
-    b, c = x.shape[0], x.shape[-1]
-    spatial = x.stride()[1:-1]
+    x = x.contiguous()
+    b, c = x.shape[:2]
+    spatial = x.stride()[2:]
     view = x.as_strided(
-        (b, *out_size, *kernel, c),
+        (b, c, *kernel, *out_size),
         (
             x.stride(0),
-            *(s * st for s, st in zip(spatial, stride, strict=True)),
+            x.stride(1),
             *(s * dl for s, dl in zip(spatial, dilation, strict=True)),
-            x.stride(-1),
+            *(s * st for s, st in zip(spatial, stride, strict=True)),
         ),
     )
-    t, k = math.prod(out_size), math.prod(kernel)
-    if groups == 1:
-        return view.reshape(b, t, k * c)
-    cg = c // groups
-    return view.reshape(b, t, k, groups, cg).permute(0, 3, 1, 2, 4).reshape(b * groups, t, k * cg)
+    return view.reshape(b * groups, (c // groups) * math.prod(kernel), math.prod(out_size))
 
 
 def _grouped_rows(y: Tensor, groups: int) -> Tensor:
-    """(b, P, *O) -> (b·G, T, P/G): the "output gradient" side of each group as rows."""
+    """(b, P, *O) -> (b·G, P/G, T): the "output gradient" side of each group (a view)."""
     b, p = y.shape[:2]
-    return (
-        y.reshape(b, groups, p // groups, -1).transpose(2, 3).reshape(b * groups, -1, p // groups)
-    )
+    return y.reshape(b * groups, p // groups, -1)
 
 
 class _Unfolded:
@@ -158,7 +154,7 @@ class ConvGradients(LayerGradients):
         return _Unfolded(x, g, tuple(layer.padding))
 
     def _unfold(self, s: slice) -> tuple[Tensor, Tensor]:
-        """(b·G, T, d) patches and (b·G, T, p) rows of the other side for examples ``s``."""
+        """(b·G, d, T) patches and (b·G, p, T) columns of the other side for examples ``s``."""
         layer = self.layer
         cols, rows = [], []
         for u in self.parts:
@@ -174,8 +170,8 @@ class ConvGradients(LayerGradients):
                 )
             )
             rows.append(_grouped_rows(u.other[s], self.groups))
-        a = cols[0] if len(cols) == 1 else torch.cat(cols, 1)
-        g = rows[0] if len(rows) == 1 else torch.cat(rows, 1)
+        a = cols[0] if len(cols) == 1 else torch.cat(cols, 2)
+        g = rows[0] if len(rows) == 1 else torch.cat(rows, 2)
         return a, g
 
     def sq_norms(self) -> dict[str, Tensor]:
@@ -193,17 +189,18 @@ class ConvGradients(LayerGradients):
         sq = torch.empty(batch, dtype=dtype, device=device)
         per_example = self.t * (self.d + self.p) * groups
         if self.instantiated:
-            grads = torch.empty(batch, groups, self.p, self.d, dtype=dtype, device=device)
+            # kept as (B, G, d, p): the faster batched GEMM orientation on CPU
+            grads = torch.empty(batch, groups, self.d, self.p, dtype=dtype, device=device)
             for s in _chunks(batch, per_example):
                 a, g = self._unfold(s)
-                torch.bmm(g.transpose(1, 2), a, out=grads[s].view(-1, self.p, self.d))
+                torch.bmm(a, g.transpose(1, 2), out=grads[s].view(-1, self.d, self.p))
                 sq[s] = _sq(grads[s])
             self.per_example["weight"] = grads
             self.parts = []
         else:
             for s in _chunks(batch, max(per_example, 2 * self.t * self.t * groups)):
                 a, g = self._unfold(s)
-                sq[s] = gram_sq_norms(a, g).view(-1, groups).sum(1)
+                sq[s] = gram_sq_norms(a.transpose(1, 2), g.transpose(1, 2)).view(-1, groups).sum(1)
         out["weight"] = sq
         return out
 
@@ -214,9 +211,8 @@ class ConvGradients(LayerGradients):
         if "weight" in self.per_example:
             grads = self.per_example["weight"]
             total = coef["weight"].to(grads.dtype) @ grads.view(grads.shape[0], -1)
-            # (G, p, k…, C/G) -> (G·p, C/G, k…), the weight layout
-            total = total.view(self.groups * self.p, *self.kernel, self.cg).movedim(-1, 1)
-            out["weight"].add_(total)
+            total = total.view(self.groups, self.d, self.p).transpose(1, 2)
+            out["weight"].add_(total.reshape(self.weight_shape))
         weight_grad = _WEIGHT_GRAD[self.n]
         for u in self.parts:
             c = coef["weight"].to(u.other.dtype).view(-1, *(1,) * (u.other.dim() - 1))
