@@ -234,7 +234,9 @@ def _diagnose(module: nn.Module) -> _Diagnosis | None:
         return None
     return _Diagnosis(
         f"{reason}; its per-example gradients ({', '.join(trainable)}) are computed exactly by "
-        "the per-layer per-sample fallback (slower; not an error)",
+        "the per-layer per-sample fallback of ghost clipping (slower; not an error — a call it "
+        "cannot recompute per example, e.g. not batch-first, is refused in one line at the "
+        "first step)",
         None,
         None,
         blocking=False,
