@@ -148,6 +148,16 @@ def test_a_convolution_called_twice_sums_both_calls_per_example(name: str) -> No
     check_rule(layer, [_sliced(x), _sliced(other)])
 
 
+@pytest.mark.parametrize("layer", [nn.Conv1d(3, 2, 2), nn.ConvTranspose1d(3, 2, 2)])
+def test_a_convolution_on_unbatched_input_is_refused_in_one_line(layer: nn.Module) -> None:
+    x = torch.randn(3, 5)
+    rule = rule_for(layer)
+    assert rule is not None
+    with pytest.raises(GhostClippingError) as caught:
+        rule.rule(layer, [LayerCall(x, layer(x).detach(), (x,), {})], frozenset({"weight"}))
+    assert "\n" not in str(caught.value) and "unbatched" in str(caught.value)
+
+
 def test_conv_transpose_with_output_size_argument() -> None:
     torch.manual_seed(0)
     layer = nn.ConvTranspose2d(2, 3, 3, stride=2)

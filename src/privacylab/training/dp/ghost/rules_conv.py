@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from privacylab.training.dp.errors import GhostClippingError
 from privacylab.training.dp.ghost.registry import LayerCall, LayerGradients, register_rule
 from privacylab.training.dp.ghost.rules import (
     SCALE_CHUNK_ELEMENTS,
@@ -130,6 +131,12 @@ class ConvGradients(LayerGradients):
         self.weight_shape = layer.weight.shape
         self.kernel = tuple(layer.kernel_size)
         self.n = len(self.kernel)
+        for call in calls:
+            if call.activation.dim() != self.n + 2:
+                raise GhostClippingError(
+                    f"{type(layer).__name__} was called on unbatched input of shape "
+                    f"{tuple(call.activation.shape)}; give it a batch dimension"
+                )
         self.grads = [call.backprop for call in calls]
         self.parts = [self._unfolded(call) for call in calls]
         self.t = sum(math.prod(u.other.shape[2:]) for u in self.parts)
