@@ -141,12 +141,13 @@ def _other_optimizer(rank: int) -> None:
     DistributedDPSGD(engine, N, seed=3)
 
 
-def _diverged_later(rank: int) -> None:
+def _diverged_later(rank: int, check_every: int = 1, changed_before: int = 3) -> None:
     model = _model(torch.float64)
     x, y = _data(torch.float64)
-    trainer = DistributedDPSGD(_engine(model, "per_sample", 0.25), N, seed=3)
-    for step in range(4):
-        if step == 2 and rank == 1:
+    engine = _engine(model, "per_sample", 0.25)
+    trainer = DistributedDPSGD(engine, N, seed=3, check_every=check_every)
+    for step in range(1, 6):
+        if step == changed_before and rank == 1:
             with torch.no_grad():
                 model[3].bias.mul_(1.5)
         share = trainer.next_share()
@@ -289,6 +290,7 @@ REFUSALS: dict[str, Callable[[int], None]] = {
     "other_model": _other_model,
     "other_optimizer": _other_optimizer,
     "diverged_later": _diverged_later,
+    "diverged_between_checks": lambda rank: _diverged_later(rank, 2, 4),
     "skipped_sample": _skipped_sample,
     "reseeded_sampler": _reseeded_sampler,
     "no_share": _no_share,
@@ -419,6 +421,7 @@ def test_noise_is_added_once(ranks) -> None:
         ("other_model", "rank 1 disagrees with rank 0 on the model parameters"),
         ("other_optimizer", "rank 1 disagrees with rank 0 on the optimizer"),
         ("diverged_later", "rank 1's model differs from rank 0's before step 3"),
+        ("diverged_between_checks", "rank 1's model differs from rank 0's before step 5"),
         ("reseeded_sampler", "rank 1 drew another Poisson batch than rank 0 in step 1"),
         ("wrong_expected_batch", "global expected batch size q·N is 6"),
     ],
