@@ -275,3 +275,15 @@ def test_a_fixed_transformer_encoder_keeps_its_outputs_and_is_clipped_exactly_by
         for name, g in zip(params, grads, strict=True):
             result.grad_sum[name] -= (C / (norm + 1e-6)).clamp(max=1.0) * g
     assert max(float(v.abs().max()) for v in result.grad_sum.values()) < 1e-10
+
+
+def test_fix_keeps_frozen_affine_parameters_and_the_mode():
+    model = nn.Sequential(nn.Conv1d(2, 6, 3), nn.BatchNorm1d(6), nn.InstanceNorm1d(6, affine=True,
+                          track_running_stats=True)).eval()  # fmt: skip
+    model[1].weight.requires_grad_(False)
+    model[2].bias.requires_grad_(False)
+    fixed = fix(model)
+    assert not fixed.training and not fixed[1].training and not fixed[2].training
+    assert [n for n, p in fixed.named_parameters() if not p.requires_grad] == ["1.weight", "2.bias"]
+    assert model[1].weight is not fixed[1].weight
+    torch.testing.assert_close(fixed[2].weight, model[2].weight)

@@ -100,6 +100,17 @@ def _positions(module: nn.Module) -> bool:
     return not isinstance(module, (nn.BatchNorm1d, nn.LazyBatchNorm1d))
 
 
+def _carry_over(module: nn.Module, replacement: nn.Module) -> nn.Module:
+    """Copy the affine weight and bias (values and requires_grad) and the train/eval mode."""
+    for name in ("weight", "bias"):
+        source, target = getattr(module, name, None), getattr(replacement, name, None)
+        if source is not None and target is not None:
+            with torch.no_grad():
+                target.copy_(source)
+            target.requires_grad_(source.requires_grad)
+    return replacement.train(module.training)
+
+
 def _batch_norm_to_group_norm(module: nn.Module) -> nn.Module:
     assert isinstance(module, nn.modules.batchnorm._BatchNorm)
     channels = module.num_features
@@ -112,13 +123,7 @@ def _batch_norm_to_group_norm(module: nn.Module) -> nn.Module:
         affine=module.affine,
         **factory,
     )
-    if module.affine:
-        with torch.no_grad():
-            replacement.weight.copy_(module.weight)
-            replacement.bias.copy_(module.bias)
-        replacement.weight.requires_grad_(module.weight.requires_grad)
-        replacement.bias.requires_grad_(module.bias.requires_grad)
-    return replacement.train(module.training)
+    return _carry_over(module, replacement)
 
 
 def _instance_norm_without_stats(module: nn.Module) -> nn.Module:
@@ -133,13 +138,7 @@ def _instance_norm_without_stats(module: nn.Module) -> nn.Module:
         track_running_stats=False,
         **factory,
     )
-    if module.affine:
-        with torch.no_grad():
-            replacement.weight.copy_(module.weight)
-            replacement.bias.copy_(module.bias)
-        replacement.weight.requires_grad_(module.weight.requires_grad)
-        replacement.bias.requires_grad_(module.bias.requires_grad)
-    return replacement.train(module.training)
+    return _carry_over(module, replacement)
 
 
 def _dense_embedding(module: nn.Module) -> nn.Module:
