@@ -11,6 +11,7 @@ import json
 import math
 import os
 import socket
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -39,20 +40,38 @@ RUNS: dict[str, tuple[str, torch.dtype, str, float, int, int]] = {
     "sparse_per_sample": ("per_sample", torch.float64, "balanced", 0.05, 8, 1),
     "float32_strided": ("ghost", torch.float32, "strided", 0.25, 4, 5),
     "per_layer_ghost": ("ghost", torch.float64, "balanced", 0.25, 3, 2),
+    "auto_sequence_first": ("auto", torch.float64, "strided", 0.1, 5, 1),
 }
 PER_LAYER = {"per_layer_ghost"}
+SEQUENCE = {"auto_sequence_first"}
 
 
-def _model(dtype: torch.dtype) -> nn.Module:
+class SequenceFirst(nn.Module):
+    """A Linear on a sequence-first (T, B, d) view: ghost clipping refuses it at the first
+    non-empty batch and ``auto`` switches to per_sample then — on each rank at its own step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = nn.Linear(FEATURES, 7)
+        self.head = nn.Linear(7, CLASSES)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.tanh(self.mix(x.transpose(0, 1))).mean(0))
+
+
+def _model(dtype: torch.dtype, name: str = "") -> nn.Module:
     torch.manual_seed(11)
+    if name in SEQUENCE:
+        return SequenceFirst().to(dtype)
     return nn.Sequential(
         nn.Linear(FEATURES, 7), nn.Tanh(), nn.LayerNorm(7), nn.Linear(7, CLASSES)
     ).to(dtype)
 
 
-def _data(dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def _data(dtype: torch.dtype, name: str = "") -> tuple[Tensor, Tensor]:
     generator = torch.Generator().manual_seed(5)
-    x = torch.randn(N, FEATURES, generator=generator, dtype=torch.float64).to(dtype) * 3
+    shape = (N, 3, FEATURES) if name in SEQUENCE else (N, FEATURES)
+    x = torch.randn(shape, generator=generator, dtype=torch.float64).to(dtype) * 3
     return x, torch.randint(0, CLASSES, (N,), generator=generator)
 
 
@@ -92,8 +111,8 @@ def _flat(model: nn.Module) -> list[float]:
 
 def _train(rank: int, name: str) -> dict:
     clipping, dtype, partition, q, steps, seed = RUNS[name]
-    model = _model(dtype)
-    x, y = _data(dtype)
+    model = _model(dtype, name)
+    x, y = _data(dtype, name)
     engine = _engine(model, clipping, q, per_layer=name in PER_LAYER)
     trainer = DistributedDPSGD(engine, N, seed=seed, partition=partition)
     local, total, losses = [], [], []
@@ -113,6 +132,7 @@ def _train(rank: int, name: str) -> dict:
         "local": local,
         "total": total,
         "losses": losses,
+        "clipping": engine.clipping,
     }
 
 
@@ -303,6 +323,7 @@ REFUSALS: dict[str, Callable[[int], None]] = {
 
 def _worker(rank: int, port: int, out: str) -> None:
     torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message="clipping='auto'")
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=timedelta(seconds=60))
@@ -337,8 +358,8 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
 
 def _single_process(name: str) -> dict:
     clipping, dtype, _, q, steps, seed = RUNS[name]
-    model = _model(dtype)
-    x, y = _data(dtype)
+    model = _model(dtype, name)
+    x, y = _data(dtype, name)
     engine = _engine(model, clipping, q, per_layer=name in PER_LAYER)
     sampler = PoissonSampler(N, q, generator=torch.Generator().manual_seed(seed))
     sizes, losses = [], []
@@ -353,17 +374,19 @@ def _single_process(name: str) -> dict:
         "epsilon": _epsilon(engine),
         "total": sizes,
         "losses": losses,
+        "clipping": engine.clipping,
         "privacy_event": engine.privacy_event,
     }
 
 
+@pytest.mark.filterwarnings("ignore:clipping='auto'")
 @pytest.mark.parametrize("name", list(RUNS))
 def test_two_ranks_give_the_single_process_model_and_epsilon(ranks, name) -> None:
     single = _single_process(name)
     dtype, q, steps = RUNS[name][1], RUNS[name][3], RUNS[name][4]
     assert single["privacy_event"] == SelfComposed(PoissonSampled(q, Gaussian(SIGMA)), steps)
     tol = 1e-10 if dtype == torch.float64 else 1e-5
-    before = torch.tensor(_flat(_model(dtype)), dtype=torch.float64)
+    before = torch.tensor(_flat(_model(dtype, name)), dtype=torch.float64)
     expected = torch.tensor(single["params"], dtype=torch.float64)
     assert (expected - before).abs().max() > 1e-3  # the run moved the model
     for rank in ranks:
@@ -371,6 +394,7 @@ def test_two_ranks_give_the_single_process_model_and_epsilon(ranks, name) -> Non
         assert got["event"] == single["event"]
         assert got["epsilon"] == single["epsilon"]
         assert got["total"] == single["total"]
+        assert got["clipping"] == single["clipping"]
         torch.testing.assert_close(
             torch.tensor(got["params"], dtype=torch.float64), expected, rtol=0, atol=tol
         )
@@ -457,3 +481,13 @@ def test_refused_without_a_process_group() -> None:
 def test_secure_noise_is_drawn_once_and_the_ranks_agree(ranks) -> None:
     before = _flat(_model(torch.float64))
     assert ranks[0]["secure"] == ranks[1]["secure"] != before
+
+
+def test_auto_switches_on_each_rank_at_its_own_step(ranks) -> None:
+    """Under ``auto`` a rank switches to per_sample when its first non-empty share meets the
+    sequence-first layer; here rank 0 and rank 1 do so at different steps (the other one
+    clipping an empty share meanwhile) and the result is still the single-process model."""
+    local = [r["auto_sequence_first"]["local"] for r in ranks]
+    first = [next(i for i, n in enumerate(sizes) if n > 0) for sizes in local]
+    assert first[0] != first[1]
+    assert all(r["auto_sequence_first"]["clipping"] == "per_sample" for r in ranks)
