@@ -25,7 +25,7 @@ from torch.nn import functional as F
 
 from privacylab.accounting import Gaussian, PoissonSampled, RdpAccountant, SelfComposed
 from privacylab.training.dp import DPSGD, DPSGDError, PoissonSampler, split_threshold
-from privacylab.training.dp.distributed import DistributedDPSGD
+from privacylab.training.dp.distributed import DistributedDPSGD, model_fingerprint
 
 WORLD = 2
 N, FEATURES, CLASSES = 24, 5, 3
@@ -491,3 +491,27 @@ def test_auto_switches_on_each_rank_at_its_own_step(ranks) -> None:
     first = [next(i for i, n in enumerate(sizes) if n > 0) for sizes in local]
     assert first[0] != first[1]
     assert all(r["auto_sequence_first"]["clipping"] == "per_sample" for r in ranks)
+
+
+def test_fingerprint_is_exact_and_independent_of_the_reduction_order() -> None:
+    torch.manual_seed(0)
+    params = [torch.randn(300, 70, dtype=torch.float64), torch.randn(7), torch.tensor(1.5)]
+    params.append(torch.randn(9, dtype=torch.float16))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = model_fingerprint(params)
+        torch.set_num_threads(2)
+        assert model_fingerprint(params) == one
+    finally:
+        torch.set_num_threads(threads)
+    assert model_fingerprint([p.clone() for p in params]) == one
+    for k in range(len(params)):
+        changed = [p.clone() for p in params]
+        flat = changed[k].view(-1)
+        flat[0] = torch.nextafter(flat[0], flat[0] + 1)  # one ulp in one element
+        assert model_fingerprint(changed) != one
+    swapped = [params[1], params[0], *params[2:]]
+    assert model_fingerprint(swapped) != one
+    nan = [torch.tensor([math.nan, 1.0])]
+    assert model_fingerprint(nan) == model_fingerprint([t.clone() for t in nan])
