@@ -22,15 +22,20 @@ processes (ranks) that hold identical copies of the model:
    works for unseedable (secure) noise and does not require the ranks' noise generators to agree.
    Rank 0 draws the parameters' noise in the order a single process would (the order its
    clipping forms the layers' sums), so with the same seed the noise is the same numbers.
+   (The other sound choice — every rank drawing the same z from identically seeded generators
+   and adding it after the all-reduce — releases the same single draw; it needs seeded noise.)
+   The ranks are trusted with the data, as a single process is: the guarantee is about what
+   leaves the group (the model and what is computed from it), not about what ranks exchange.
 4. **Same update everywhere.**  Each rank divides by the global expected batch size L = q·N,
    writes ``.grad`` and calls its optimizer; the all-reduced tensor is the same on every rank
-   (gloo and NCCL reduce each chunk once and broadcast it), so the models stay identical.  This
-   is checked, not assumed: every ``check_every`` steps a fingerprint of each rank's parameters
-   (exact integer sums of their bits, :func:`model_fingerprint`) is gathered with the step's
-   other metadata, and any difference stops every rank with one line (a rank given another
-   model or optimizer state, a model changed on one rank); the sampled batch (size and index
-   sum), σ and the step count are compared at every step, which catches a rank given another
-   seed.  Settings, seed, parameter layout, optimizer and model are compared once at set-up.
+   (gloo's and NCCL's algorithms compute each element's sum once and pass it on), so the models
+   stay identical.  This is checked, not assumed: every ``check_every`` steps a fingerprint of
+   each rank's parameters (exact integer sums of their bits, :func:`model_fingerprint`) is
+   gathered with the step's other metadata, and any difference stops every rank with one line
+   (a rank given another model or optimizer state, a model changed on one rank); the sampled
+   batch (size and index sum), σ and the step count are compared at every step, which catches
+   a rank given another seed.  Settings, seed, parameter layout, optimizer and model are
+   compared once at set-up.
 5. **Accounting.**  Each rank's ``engine.ledger`` records ``PoissonSampled(q, Gaussian(σ))``
    per step with the *global* q, exactly the event the single-process engine records.
 
