@@ -150,6 +150,8 @@ class DistributedDPSGD:
     .manual_seed(seed))`` batches, up to floating-point summation order, and the ledger holds
     the same events.  Pass the plain module, not a ``DistributedDataParallel`` wrapper: the
     gradients are all-reduced here, once, after clipping.  The engine's step hooks are not run.
+    Only rank 0's noise generator is used.  With NCCL, call ``torch.cuda.set_device(local_rank)``
+    before constructing (metadata travels on the current device).
 
     Args:
         engine: the DP-SGD engine of this rank.
@@ -159,9 +161,9 @@ class DistributedDPSGD:
         partition: how the sampled indices are split among ranks: ``"balanced"`` or
             ``"strided"`` (see the module docstring).
         check_every: compare the ranks' model fingerprints before every this many steps (≥ 1;
-            the first step is always checked).  A fingerprint reads every parameter once: about
-            2 ms for the 535k-parameter MLP on one CPU thread (7% of its ghost step), so it is
-            not done every step by default; :meth:`verify` checks at any time.
+            the models are also compared at set-up).  A fingerprint reads every parameter
+            once: about 2 ms for the 535k-parameter MLP on one CPU thread (7% of its ghost
+            step), so it is not done every step by default; :meth:`verify` checks at any time.
 
     Raises:
         DPSGDError: torch.distributed not initialised, an engine without ``sample_rate``, an
