@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from privacylab.training.dp import GhostClippingError
@@ -85,6 +87,11 @@ CONVS = {
         nn.Conv1d(2, 5, 3, stride=2, dilation=2, padding=1),
         _x(2, 11),
     ),
+    "conv1d-valid": lambda: (nn.Conv1d(2, 3, 3, padding="valid", bias=False), _x(2, 5)),
+    "conv3d-reflect-same": lambda: (
+        nn.Conv3d(2, 2, 3, padding="same", padding_mode="reflect"),
+        _x(2, 3, 3, 4),
+    ),
     "conv1d-same": lambda: (nn.Conv1d(2, 3, 4, padding="same"), _x(2, 7)),
     "conv1d-reflect": lambda: (nn.Conv1d(2, 3, 3, padding=2, padding_mode="reflect"), _x(2, 6)),
     "conv1d-circular": lambda: (nn.Conv1d(2, 3, 3, padding=1, padding_mode="circular"), _x(2, 6)),
@@ -129,6 +136,53 @@ CONVS = {
 def test_convolution_rules_match_brute_force(name: str) -> None:
     torch.manual_seed(0)
     layer, x = CONVS[name]()
+    check_rule(layer, [_sliced(x)])
+
+
+@st.composite
+def conv_configs(draw: st.DrawFn) -> tuple[nn.Module, Tensor]:
+    """A random valid convolution (N = 1..3, transposed or not, groups, stride, dilation,
+    padding and padding mode, output_padding) and an input for it."""
+    n = draw(st.integers(1, 3))
+    transposed = draw(st.booleans())
+    groups = draw(st.integers(1, 3))
+    c_in, c_out = groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 2))
+    kernel = tuple(draw(st.integers(1, 3)) for _ in range(n))
+    stride = tuple(draw(st.integers(1, 3)) for _ in range(n))
+    dilation = tuple(draw(st.integers(1, 2)) for _ in range(n))
+    padding = tuple(draw(st.integers(0, 2)) for _ in range(n))
+    size = tuple(
+        d * (k - 1) + 3 + draw(st.integers(0, 3)) for k, d in zip(kernel, dilation, strict=True)
+    )
+    if n == 3:
+        size = tuple(min(s, 4) for s in size)
+    if transposed:
+        output_padding = tuple(
+            draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation, strict=True)
+        )
+        layer = (nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)[n - 1](
+            c_in, c_out, kernel, stride, padding, output_padding, groups, dilation=dilation
+        )
+        x = _x(c_in, *(max(1, s // 2) for s in size))
+    else:
+        mode = draw(st.sampled_from(["zeros", "reflect", "replicate", "circular"]))
+        layer = (nn.Conv1d, nn.Conv2d, nn.Conv3d)[n - 1](
+            c_in, c_out, kernel, stride, padding, dilation, groups, padding_mode=mode
+        )
+        x = _x(c_in, *size)
+    return layer, x
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(conv_configs())
+def test_random_convolutions_match_brute_force(config: tuple[nn.Module, Tensor]) -> None:
+    layer, x = config
+    torch.manual_seed(0)
+    try:
+        with torch.no_grad():
+            layer.double()(x)
+    except RuntimeError:  # a configuration torch itself rejects (empty output)
+        assume(False)
     check_rule(layer, [_sliced(x)])
 
 
