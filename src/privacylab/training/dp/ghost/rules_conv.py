@@ -6,13 +6,14 @@ g_γ ∈ R^{T×p} (p = C_out/G), example i's weight gradient of that group is g_
 
     ‖∇_W L_i‖²_F = Σ_γ Σ_{t,t'} (a_γ,t · a_γ,t')(g_γ,t · g_γ,t')
 
-(Li et al. 2022, "Large language models can be strong differentially private learners", ghost
-clipping, Sec. 4 and App. F for convolutions; Bu et al. 2022, "Scalable and efficient training of
-large convolutional neural networks with differential privacy", mixed ghost clipping, Eq. (3.2)).
-Per layer we pick the cheaper of the ghost norm (time T²(d+p) per group and example) and
-instantiating g_γ,iᵀ a_γ,i (time Tpd), by the rule of Bu et al. 2022/2023 already used for
-Linear and Conv2d (:func:`~privacylab.training.dp.ghost.rules.instantiate`, per group): a
-depthwise convolution (d = Π k, p = channel multiplier) is always instantiated, cheaply.
+the ghost norm of Li et al. 2022 ("Large language models can be strong differentially private
+learners", Sec. 4: ‖g_iᵀ a_i‖²_F = vec(a_i a_iᵀ)ᵀ vec(g_i g_iᵀ)), applied to the im2col form of
+a convolution as in the mixed ghost clipping of Bu et al. 2022 ("Scalable and efficient training
+of large convolutional neural networks with differential privacy"), once per group.  Per layer
+we pick the cheaper of the ghost norm (time T²(d+p) per group and example) and instantiating
+g_γ,iᵀ a_γ,i (time Tpd) — the layer-wise choice of Bu et al.'s mixed ghost clipping, with the
+criterion of :func:`~privacylab.training.dp.ghost.rules.instantiate` (pd ≤ T(d+p)), per group:
+a depthwise convolution (d = Π k, p = channel multiplier) is always instantiated, cheaply.
 
 A transposed convolution y = conv_transposeᵀ(x; W) is the adjoint of the convolution z =
 conv(y; W) with the same stride, padding, dilation and groups, so its weight gradient is that
@@ -21,7 +22,8 @@ gradient ∂L/∂y (zero padded), and x plays the part of the output gradient (`
 only adds rows at the end that no patch covers).  Bias gradients are Σ_t g_t in both cases.
 
 The clipped sum of the ghost-norm branch is the book-keeping product of Bu et al. 2023
-("Differentially private optimization on large model at small cost", Alg. 1): one
+("Differentially private optimization on large model at small cost", book-keeping algorithm):
+Σ_i c_i ∇_W L_i is the weight gradient of the layer for output gradients c_i g_i, one
 weight-gradient convolution on c-scaled output gradients, so patches never exist for the whole
 batch; the instantiated branch is a weighted reduction of the kept per-example gradients.
 """

@@ -7,9 +7,10 @@ output gradient) and one call,
 * sum / mean: out_i = Σ_{t ∈ bag i} s_t E[tok_t], where s_t is the per-sample weight (sum mode,
   1 without), or 1/n_i (mean, n_i the non-padding tokens of the bag), so
   ∇_E L_i[v] = (Σ_{t: tok_t = v} s_t) g_i, and
-  ‖∇_E L_i‖² = Σ_v (Σ_{t: tok_t = v} s_t)² ‖g_i‖² — Li et al. 2022 ("Large language models can
-  be strong differentially private learners", ghost clipping of embeddings, App. F:
-  Σ_{t,t'} 1[tok_t = tok_t'] ⟨·,·⟩) with the bag's scalar weights inserted;
+  ‖∇_E L_i‖² = Σ_v (Σ_{t: tok_t = v} s_t)² ‖g_i‖² — the ghost norm of an embedding layer in
+  Li et al. 2022 ("Large language models can be strong differentially private learners",
+  ghost clipping: ‖∇_E L_i‖² = Σ_{t,t'} 1[tok_t = tok_t'] g_t·g_t', with one-hot inputs), here
+  with g_t = s_t g_i;
 * max: out_i[j] = E[m_ij, j] with m_ij the row that attains the maximum of feature j (the
   indices torch's backward uses), so ∇_E L_i[v, j] = g_i[j] 1[m_ij = v].
 
@@ -17,8 +18,8 @@ Entries at ``padding_idx`` are excluded from the bag (and from n_i), as in torch
 of the layer add their sparse contributions before norms are taken: every contribution is
 keyed by (example, row) and equal keys are summed, which is the per-example analogue of
 Σ_v ‖Σ_{t: tok_t = v} ·‖² and costs O(N·d) for N looked-up tokens.  The clipped sum
-Σ_i c_i ∇_E L_i is an ``index_add_`` of the c-scaled contributions (book-keeping, Bu et al.
-2023, "Differentially private optimization on large model at small cost", Alg. 1).
+Σ_i c_i ∇_E L_i is an ``index_add_`` of the c-scaled contributions (the book-keeping algorithm
+of Bu et al. 2023, "Differentially private optimization on large model at small cost").
 
 A bag belongs to the example of its output row: the clipper checks by provenance that the
 output is batch-first, and row i of the output gradient is ∂L_i/∂out_i, so 1-D input with

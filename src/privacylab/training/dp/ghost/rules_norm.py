@@ -2,12 +2,13 @@
 
 InstanceNorm normalises each example and channel over its positions, so it mixes no examples;
 its affine parameters act elementwise per channel, y = γ_c x̂ + β_c, and example i's gradients
-∇_γ L_i[c] = Σ_positions g_i ⊙ x̂_i and ∇_β L_i[c] = Σ_positions g_i are only C numbers each:
-they are instantiated directly (the "cheap layers" case of Bu et al. 2023, "Differentially
-private optimization on large model at small cost", Sec. 3; per-example norms of normalisation
-layers as in Li et al. 2022, App. F).  x̂ is recomputed from the recorded input with the
-statistics the forward used: the input's own, or the running ones in eval mode with
-``track_running_stats=True``.
+∇_γ L_i[c] = Σ_positions g_i ⊙ x̂_i and ∇_β L_i[c] = Σ_positions g_i (the chain rule through
+the affine map) are only C numbers each, so they are instantiated directly — Goodfellow's
+naive per-example gradient (2015, "Efficient per-example gradient computations"), as the
+book-keeping algorithm of Bu et al. 2023 ("Differentially private optimization on large model
+at small cost") does for layers whose per-example gradients are small.  x̂ is recomputed from
+the recorded input with the statistics the forward used: the input's own, or the running ones
+in eval mode with ``track_running_stats=True``.
 """
 
 from __future__ import annotations
