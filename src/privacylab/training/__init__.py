@@ -1,4 +1,7 @@
-"""Training: one trainer; privacy (DP-SGD), regularisation and callbacks are options of it."""
+"""Training: one trainer; privacy (DP-SGD), regularisation and callbacks are options of it.
+
+`train` takes privacylab datasets, arrays, tensors, torch Datasets and DataLoaders and any
+per-example loss; `make_private` puts DP-SGD into a loop of your own (as Opacus does)."""
 
 from privacylab.training.config import PrivacyConfig, TrainConfig, TrainingError
 from privacylab.training.dp import (
@@ -14,7 +17,9 @@ from privacylab.training.dp import (
     split_threshold,
 )
 from privacylab.training.hooks import Callback, Regularizer, TrainState
+from privacylab.training.inputs import TrainingData, as_training_data
 from privacylab.training.job import train_job
+from privacylab.training.make_private import PrivateTraining, make_private
 from privacylab.training.reaccount import reaccount
 from privacylab.training.trainer import EpochRecord, PrivacySpent, TrainResult, train
 
@@ -28,6 +33,7 @@ __all__ = [
     "PoissonSampler",
     "PrivacyConfig",
     "PrivacySpent",
+    "PrivateTraining",
     "Regularizer",
     "ShuffleSampler",
     "StepInfo",
@@ -35,7 +41,10 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "TrainState",
+    "TrainingData",
     "TrainingError",
+    "as_training_data",
+    "make_private",
     "reaccount",
     "register_rule",
     "split_threshold",
