@@ -32,7 +32,7 @@ built-in types, format strings, str methods, pdb, customisation, dict)."""
 WINDOW = 32
 """Bytes per example (the transformer's sequence length)."""
 
-WINDOWS_PER_TOPIC = 300
+WINDOWS_PER_TOPIC = 200
 """Examples per class; the shortest topic above holds more than 300 non-overlapping windows."""
 
 TEST_FRACTION = 0.2
@@ -52,7 +52,7 @@ def topic_windows(text: str, window: int, count: int) -> np.ndarray:
 
 @register_dataset("pydoc_topics")
 def load_pydoc_topics(root: Path | None = None) -> Dataset:
-    """Byte windows of 8 CPython documentation topics, 300 per topic; 1,920 train then 480 test.
+    """Byte windows of 8 CPython documentation topics, 200 per topic; 1,280 train then 320 test.
 
     Each topic's text is cut into consecutive windows; the first 80% of each topic's windows are
     training rows and the last 20% test rows, so no test window overlaps or neighbours a training
