@@ -26,16 +26,26 @@ from privacylab.training.dp.ghost import (
     register_rule,
     registered_layer_types,
 )
+from privacylab.training.dp.modules import DPGRU, DPLSTM, DPRNN, DPMultiheadAttention
 from privacylab.training.dp.noise import GaussianNoise, secure_standard_normal
 from privacylab.training.dp.per_sample import PerSampleClipping
 from privacylab.training.dp.sampling import PoissonSampler, ShuffleSampler
+from privacylab.training.dp.validate import Finding
+from privacylab.training.dp.validate import describe as describe_findings
+from privacylab.training.dp.validate import fix as fix_model
+from privacylab.training.dp.validate import validate as validate_model
 
 __all__ = [
+    "DPGRU",
+    "DPLSTM",
+    "DPRNN",
     "DPSGD",
     "STRATEGIES",
     "ClipThresholds",
     "ClippedBatch",
+    "DPMultiheadAttention",
     "DPSGDError",
+    "Finding",
     "GaussianNoise",
     "GhostClipping",
     "GhostClippingError",
@@ -49,8 +59,11 @@ __all__ = [
     "StepInfo",
     "StepResult",
     "check_no_batch_norm",
+    "describe_findings",
+    "fix_model",
     "register_rule",
     "registered_layer_types",
     "secure_standard_normal",
     "split_threshold",
+    "validate_model",
 ]

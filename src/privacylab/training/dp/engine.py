@@ -87,14 +87,15 @@ def check_no_batch_norm(model: nn.Module) -> None:
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             raise DPSGDError(
                 f"layer {describe(path, module)} normalises with batch statistics, which mixes "
-                "examples and breaks per-example clipping; use nn.GroupNorm (or LayerNorm)"
+                "examples and breaks per-example clipping; use nn.GroupNorm (privacylab train "
+                "--fix, or privacylab.training.dp.fix_model, does it)"
             )
         if isinstance(module, nn.modules.instancenorm._InstanceNorm) and (
             module.track_running_stats
         ):
             raise DPSGDError(
                 f"layer {describe(path, module)} tracks running statistics of the data without "
-                "noise; use track_running_stats=False or nn.GroupNorm"
+                "noise; use track_running_stats=False (privacylab train --fix does it)"
             )
 
 
