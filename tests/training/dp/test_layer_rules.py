@@ -44,6 +44,12 @@ def _oracle(layer: nn.Module, calls: list[CallFn], grads: list[Tensor], names: l
     return {n: torch.stack([r[k] for r in rows]) for k, n in enumerate(names)}
 
 
+def _strided_full(like: Tensor, value: float) -> Tensor:
+    """A buffer shaped like ``like`` but not contiguous (dimensions stored in reverse order)."""
+    dims = tuple(reversed(range(like.dim())))
+    return torch.full(like.shape[::-1], value, dtype=like.dtype).permute(dims)
+
+
 def check_rule(
     layer: nn.Module, calls: list[CallFn], trainable: tuple[str, ...] | None = None
 ) -> None:
@@ -70,7 +76,7 @@ def check_rule(
         expect = want[n].flatten(1).square().sum(1)
         torch.testing.assert_close(norms[n], expect, rtol=1e-9, atol=1e-12)
     coef = {n: torch.rand(B, dtype=torch.float64) for n in names}
-    out = {n: torch.full_like(getattr(layer, n), 0.5) for n in names}
+    out = {n: _strided_full(getattr(layer, n), 0.5) for n in names}
     state.clipped_sum(coef, out)
     for n in names:
         expect = 0.5 + torch.tensordot(coef[n], want[n], dims=1)

@@ -44,7 +44,8 @@ class KeyedRowGradients(LayerGradients):
     """Per-example gradients that are sums of rows of a table: (example, key, value) triples.
 
     ∇L_i viewed as a (K, w) table is Σ_{n: rows_n = i} e_{keys_n} values_nᵀ; equal
-    (example, key) pairs are summed before squaring.
+    (example, key) pairs are summed before squaring.  The table is the (V, d) weight itself
+    (w = d, keys are rows) or its entries (w = 1, key v·d + j for entry (v, j)).
 
     Args:
         rows: (N,) example of each contribution.
@@ -70,9 +71,16 @@ class KeyedRowGradients(LayerGradients):
 
     def clipped_sum(self, coef: Mapping[str, Tensor], out: Mapping[str, Tensor]) -> None:
         c = coef["weight"].to(self.values.dtype)
-        table = out["weight"].view(self.num_keys, self.values.shape[1])
-        for s in _rows(self.values.shape[0], self.values.shape[1]):
-            table.index_add_(0, self.keys[s], self.values[s] * c[self.rows[s], None])
+        weight = out["weight"]
+        width = self.values.shape[1]
+        for s in _rows(self.values.shape[0], width):
+            scaled = self.values[s] * c[self.rows[s], None]
+            if width == weight.shape[-1]:
+                weight.index_add_(0, self.keys[s], scaled)
+            else:  # entries of a (V, d) weight keyed by v·d + j
+                d = weight.shape[-1]
+                keys = self.keys[s]
+                weight.index_put_((keys // d, keys % d), scaled[:, 0], accumulate=True)
         self.rows = self.keys = self.values = None  # type: ignore[assignment]
 
 
