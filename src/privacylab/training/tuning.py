@@ -322,14 +322,17 @@ def private_random_search(
     """Random search over DP hyperparameters that is (ε, δ)-DP as a whole (Papernot & Steinke
     2022, Algorithm 1 with Theorem 2), for ε = `base.privacy.epsilon`, δ = `base.privacy.delta`.
 
-    The training part `train_data` is cut (seeded by `base.seed`) into 80% on which each trial
-    trains and 20% on which it is scored; both are private data, so the score is the validation
-    correct-count plus Gaussian noise (std 2% of the validation size; sensitivity 1), composed
-    into the trial's RDP. The test set is never seen. K ~ D_{η,γ} with E[K] = `expected_trials`;
-    each trial draws lr, C and the batch size (at a fixed step count) uniformly from a grid
-    around `base` (options in `fixed` are kept), trains a fresh `build(seed)` model with σ
-    calibrated so that the whole search meets the target, and the trial with the best noisy
-    score is returned. `progress` receives one line per trial.
+    The training part `train_data` is split (seeded by `base.seed`, each example independently
+    with probability 0.2 to validation, so that neighbouring data sets give neighbouring parts)
+    into the part each trial trains on and the part it is scored on. Both are private data:
+    the score is the validation correct-count plus Gaussian noise (std 2% of the validation
+    size; sensitivity 1), and its RDP is added to the training run's (sequential composition,
+    an over-estimate of the parallel one). The test set is never seen by the search.
+
+    K ~ D_{η,γ} with E[K] = `expected_trials`; each trial draws lr, C and the batch size (at a
+    fixed step count) uniformly from a grid around `base` (options in `fixed` are kept), trains
+    a fresh `build(seed)` model with σ calibrated so that the whole search meets the target, and
+    the trial with the best noisy score is returned. `progress` receives one line per trial.
     """
     import torch
 
@@ -345,11 +348,17 @@ def private_random_search(
     if privacy.sampling != "poisson":
         raise TrainingError("tuning is accounted for Poisson sampling only")
     n_full = len(train_data)
-    order = np.random.default_rng(base.seed).permutation(n_full)
-    n_val = max(1, round(n_full * VALIDATION_FRACTION))
-    if n_full - n_val < 2:
-        raise TrainingError(f"tuning needs at least 3 training examples, got {n_full}")
-    fit, val = train_data.subset(order[n_val:]), train_data.subset(order[:n_val])
+    # Each example goes to validation on its own coin (not a cut of a permutation of all n):
+    # adding or removing one example then changes one part by that one example only.
+    to_validation = np.random.default_rng(base.seed).random(n_full) < VALIDATION_FRACTION
+    n_val = int(to_validation.sum())
+    if n_val < 1 or n_full - n_val < 2:
+        raise TrainingError(
+            f"tuning needs a validation part and at least 2 examples to train on; "
+            f"{n_full} training examples give {n_val} for validation"
+        )
+    fit = train_data.subset(np.flatnonzero(~to_validation))
+    val = train_data.subset(np.flatnonzero(to_validation))
     n = len(fit)
     candidates = _candidates(base, set(fixed), n)
     plans = sorted(
