@@ -424,6 +424,7 @@ def make_private(
     accountant: str = "pld",
     seed: int | None = None,
     physical_batch_size: int | None = None,
+    secure_noise: bool = False,
 ) -> PrivateTraining:
     """Make `model` and `optimizer` train with DP-SGD (Abadi et al. 2016, Alg. 1) in your loop.
 
@@ -451,6 +452,7 @@ def make_private(
             torch's global generator.
         physical_batch_size: clip each batch in pieces of at most this many examples (bounded
             memory, the same step; Opacus's BatchMemoryManager).
+        secure_noise: draw the noise from the OS CSPRNG (then `seed` seeds the sampler only).
 
     Raises:
         DPSGDError or TrainingError (one line) for bad settings or data, q > 1, an unsupported
@@ -504,7 +506,7 @@ def make_private(
     else:
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise DPSGDError(f"seed must be a whole number >= 0, got {seed!r}")
-        noise_gen = torch.Generator(device=device).manual_seed(seed + 1)
+        noise_gen = None if secure_noise else torch.Generator(device=device).manual_seed(seed + 1)
     per_example = _per_example(loss_fn)
     engine = DPSGD(
         model,
@@ -515,6 +517,7 @@ def make_private(
         expected_batch_size=q * len(prepared),
         clipping=clipping,  # type: ignore[arg-type]
         physical_batch_size=physical_batch_size,
+        secure_noise=secure_noise,
         generator=noise_gen,
         sample_rate=q,
     )
