@@ -157,6 +157,7 @@ class Case:
 CASES = [
     Case("linear", nn.Linear, lambda: one(nn.Linear(3, 4), _x(3))),
     Case("linear-sequence", nn.Linear, lambda: one(nn.Linear(3, 4), _x(5, 3))),
+    Case("linear-sequence-T-equals-B", nn.Linear, lambda: one(nn.Linear(3, 2), _x(B, 3))),
     Case("linear-twice", nn.Linear, lambda: twice(nn.Linear(3, 3), _x(2, 3))),
     Case("linear-frozen-bias", nn.Linear, frozen("bias", lambda: one(nn.Linear(3, 4), _x(5, 3)))),
     Case("linear-frozen-weight", nn.Linear, frozen("weight", lambda: one(nn.Linear(3, 4), _x(3)))),
@@ -177,6 +178,16 @@ CASES = [
         lambda: one(nn.Conv2d(2, 3, 3, stride=2, padding=1, padding_mode="circular"), _x(2, 5, 5)),
     ),
     Case("conv2d-twice", nn.Conv2d, lambda: twice(nn.Conv2d(2, 2, 2, dilation=2), _x(2, 6, 6))),
+    Case(
+        "conv2d-ghost-norm",
+        nn.Conv2d,
+        lambda: one(nn.Conv2d(16, 16, 3, padding=1), _x(16, 2, 2)),
+    ),
+    Case(
+        "conv1d-groups-ghost-norm-twice",
+        nn.Conv1d,
+        lambda: twice(nn.Conv1d(16, 16, 3, groups=2, padding=1), _x(16, 2)),
+    ),
     Case("conv2d-groups", nn.Conv2d, lambda: one(nn.Conv2d(4, 4, 3, groups=2), _x(4, 4, 5))),
     Case(
         "conv2d-depthwise-replicate",
@@ -245,6 +256,15 @@ CASES = [
         "bag-max-padding",
         nn.EmbeddingBag,
         lambda: one(nn.EmbeddingBag(6, 3, mode="max", padding_idx=1), _tokens(6, 5)),
+    ),
+    Case(
+        "bag-max-twice",
+        nn.EmbeddingBag,
+        lambda: around(
+            lambda m, t: m["layer"](t) * m["layer"](t[:, :2]),
+            (_tokens(5, 4),),
+            layer=nn.EmbeddingBag(5, 3, mode="max"),
+        ),
     ),
     Case("bag-1d-offsets", nn.EmbeddingBag, _bag_flat_offsets, ghost=NOT_BATCH),
     Case("layer-norm", nn.LayerNorm, lambda: one(nn.LayerNorm((3, 4)), _x(2, 3, 4))),
