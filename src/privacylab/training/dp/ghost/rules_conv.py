@@ -125,7 +125,9 @@ class ConvGradients(LayerGradients):
         trainable: local names of the trainable parameters.
     """
 
-    def __init__(self, layer: nn.Module, calls: Sequence[LayerCall], trainable: Collection[str]):
+    def __init__(
+        self, layer: nn.Module, calls: Sequence[LayerCall], trainable: Collection[str]
+    ) -> None:
         self.layer = layer
         self.trainable = trainable
         self.transposed = isinstance(layer, _ConvTranspose)

@@ -55,7 +55,9 @@ class KeyedRowGradients(LayerGradients):
         batch: B.
     """
 
-    def __init__(self, rows: Tensor, keys: Tensor, values: Tensor, num_keys: int, batch: int):
+    def __init__(
+        self, rows: Tensor, keys: Tensor, values: Tensor, num_keys: int, batch: int
+    ) -> None:
         self.rows, self.keys, self.values = rows, keys, values
         self.num_keys = num_keys
         self.batch = batch
