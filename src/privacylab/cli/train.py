@@ -231,6 +231,13 @@ def train_command(
             device=device,
             privacy=privacy,
         ).validate()
+        if chosen is not None and activation is None:
+            from privacylab.models import model_options
+
+            if "activation" in model_options(model):
+                options["activation"] = chosen["activation"]
+            else:
+                chosen.pop("activation")
         _model_fits(dataset, model, options, root)
         console = _stderr()
         if chosen is not None:
@@ -344,6 +351,8 @@ def _describe_defaults(chosen: dict[str, Any], epsilon: float | None, given: set
         f"lr {chosen['lr']:g} ({chosen['optimizer']})",
         f"C {chosen['max_grad_norm']:g}",
     ]
+    if "activation" in chosen:
+        parts.append(f"activation {chosen['activation']}")
     line = (
         f"DP defaults for ε = {epsilon:g} on {chosen['train_size']} examples: "
         f"{', '.join(parts)}; σ calibrated. Rule: {chosen['rule']}."

@@ -12,7 +12,10 @@ from typing import Any
 
 from privacylab.training.config import TrainingError
 
-RULE = "large batch, fixed step budget (De et al. 2022; Sander et al. 2023; Ponomareva et al. 2023)"
+RULE = (
+    "large batch, fixed step budget, lr tuned with a small C, tanh "
+    "(De et al. 2022; Sander et al. 2023; Ponomareva et al. 2023; Papernot et al. 2021)"
+)
 
 BATCH_FRACTION = 4
 """The batch is 1/4 of the training set (q = 0.25), within [MIN_BATCH, MAX_BATCH]."""
@@ -22,17 +25,23 @@ MAX_BATCH = 4096
 """De et al. 2022 train with batches of 4,096 (and more); above that a CPU step gets slow."""
 
 BASE_STEPS = 100
-"""Steps at ε ≤ 1; the budget grows as STEPS_PER_EPSILON · ε above (see `dp_defaults`)."""
+"""Steps at ε ≤ 2; the budget grows as STEPS_PER_EPSILON · ε above (see `dp_defaults`)."""
 
-STEPS_PER_EPSILON = 100
+STEPS_PER_EPSILON = 50
 MAX_STEPS = 1000
 
 LEARNING_RATE_TIMES_CLIP = 0.1
 """lr · C for SGD with momentum 0.9: every example's gradient is clipped at C, so an update moves
 the weights by about lr · C / (1 − momentum) = 1 per unit of clipped mean gradient."""
 
+MAX_LR_TIMES_CLIP = LEARNING_RATE_TIMES_CLIP
+"""The largest lr · C the rule gives (it gives this one at every ε)."""
+
 CLIP_NORM = 1.0
 MOMENTUM_OPTIMIZER = "momentum"
+
+ACTIVATION = "tanh"
+"""Activation of zoo models that take one (Papernot et al. 2021, tempered sigmoids)."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class DPDefaults:
     lr: float
     optimizer: str
     max_grad_norm: float
+    activation: str = ACTIVATION
     rule: str = RULE
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,7 +91,7 @@ def dp_defaults(
        Sander et al. 2023, §3.2: the number of steps S is the quantity to fix, epochs follow).
        With q and S fixed, σ grows like q·√S/ε (the linear regime of the subsampled Gaussian),
        so the noise on the summed updates grows with S at small ε: a small budget is best there,
-       a larger one at large ε where the noise is small. S = 100 for ε ≤ 1 and S = 100·ε above
+       a larger one at large ε where the noise is small. S = 100 for ε ≤ 2 and S = 50·ε above
        (at most 1,000); epochs = ⌈S / round(1/q)⌉.
     3. **A small clipping norm, with the learning rate tuned to it** (Ponomareva et al. 2023,
        "How to DP-fy ML", §5.4.1-5.4.2: pick C so that (nearly) every gradient is clipped, then
@@ -89,8 +99,18 @@ def dp_defaults(
        C = 1, SGD with momentum 0.9 and lr = 0.1/C (lr·C/(1 − momentum) = 1: the update moves
        the weights by about one unit per unit of clipped mean gradient).
 
-    The constants (q = 0.25, S = 100·max(1, ε), lr·C = 0.1) were fixed by small experiments on
-    mnist5k (4,000 training digits) with the MLP; `benchmarks/dp_defaults.py` reproduces them.
+    4. **Bounded activations** (Papernot et al. 2021, "Tempered Sigmoid Activations for Deep
+       Learning with Differential Privacy", §4-5: tanh instead of ReLU keeps the gradient norm
+       from growing during training, so less of it is lost to clipping). `activation = "tanh"`
+       applies to zoo models with an `activation` option (the MLP; cnn and scatnet default to
+       tanh already). On mnist5k at ε = 1 it raised the MLP's accuracy by about 2 points.
+
+    The constants (q = 0.25, S = max(100, 50·ε), lr·C = 0.1, tanh) were fixed by small
+    experiments on mnist5k (4,000 training digits) with the MLP, one seed each: at ε = 1,
+    S = 48/100/148/200 gave 74/84/82/77%, lr·C = 0.05/0.1/0.2/0.5 gave 79/84/77/62%, q = 0.5
+    instead of 0.25 changed nothing (83%), decaying the learning rate lost 7 points, tanh gained
+    about 2 (85-86%); at ε = 8, S = 100/200/400/800 gave 84/88/90/90%.
+    `benchmarks/dp_defaults.py` gives the median of 3 seeds for the rule as shipped.
     A `max_grad_norm` given by the user keeps lr·C fixed. δ does not change the rule (σ's
     calibration accounts for it); it is an argument so the rule may use it and is validated.
     """
@@ -104,7 +124,7 @@ def dp_defaults(
     if not (math.isfinite(clip) and clip > 0):
         raise TrainingError(f"max grad norm must be a finite number > 0, got {max_grad_norm!r}")
     batch = min(n, max(MIN_BATCH, min(MAX_BATCH, n // BATCH_FRACTION)))
-    budget = min(MAX_STEPS, round(BASE_STEPS * max(1.0, STEPS_PER_EPSILON / BASE_STEPS * epsilon)))
+    budget = min(MAX_STEPS, max(BASE_STEPS, round(STEPS_PER_EPSILON * epsilon)))
     per_epoch = _steps_per_epoch(batch, n)
     epochs = max(1, math.ceil(budget / per_epoch))
     return DPDefaults(
