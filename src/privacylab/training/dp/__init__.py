@@ -10,6 +10,11 @@ from privacylab.training.dp.clipping import (
     GradientBuffers,
     split_threshold,
 )
+from privacylab.training.dp.distributed import (
+    DistributedDPSGD,
+    DistributedStepResult,
+    model_fingerprint,
+)
 from privacylab.training.dp.engine import (
     DPSGD,
     STRATEGIES,
@@ -45,6 +50,8 @@ __all__ = [
     "ClippedBatch",
     "DPMultiheadAttention",
     "DPSGDError",
+    "DistributedDPSGD",
+    "DistributedStepResult",
     "Finding",
     "GaussianNoise",
     "GhostClipping",
@@ -61,6 +68,7 @@ __all__ = [
     "check_no_batch_norm",
     "describe_findings",
     "fix_model",
+    "model_fingerprint",
     "register_rule",
     "registered_layer_types",
     "secure_standard_normal",

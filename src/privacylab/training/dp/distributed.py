@@ -245,7 +245,7 @@ class DistributedDPSGD:
                 "pass the plain model, not DistributedDataParallel: DistributedDPSGD all-reduces "
                 "the clipped sums itself (DDP would average the unclipped gradients)"
             )
-        if engine._step_hooks:
+        if engine.has_step_hooks:
             raise DPSGDError("DistributedDPSGD does not run the engine's step hooks; remove them")
         generator = engine.mechanism.generator
         for p in engine.params.values():
@@ -383,7 +383,7 @@ class DistributedDPSGD:
             )
         else:
             try:
-                clipped = engine._clip(x, y, GradientBuffers(engine.params, record))
+                clipped = engine.clipped_batch(x, y, GradientBuffers(engine.params, record))
             except Exception as caught:  # raised below, after every rank knows to stop
                 error = caught
         if batch_indices is None:

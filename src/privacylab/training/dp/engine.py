@@ -254,9 +254,23 @@ class DPSGD:
         self._step_hooks[handle.id] = hook
         return handle
 
-    def clipped_batch(self, x: Tensor | Sequence[Tensor], y: Tensor) -> ClippedBatch:
-        """Σ_i clipped ∇L_i over the batch (no noise), in micro-batches if configured."""
-        return self._clip(x, y, GradientBuffers(self.params))
+    @property
+    def has_step_hooks(self) -> bool:
+        """Whether a step hook is registered (``add_step_hook``)."""
+        return bool(self._step_hooks)
+
+    def clipped_batch(
+        self,
+        x: Tensor | Sequence[Tensor],
+        y: Tensor,
+        into: GradientBuffers | None = None,
+    ) -> ClippedBatch:
+        """Σ_i clipped ∇L_i over the batch (no noise), in micro-batches if configured.
+
+        ``into.init(name, parameter)`` is called for each parameter when its sum is first formed
+        — the order in which :meth:`step` draws the noise.
+        """
+        return self._clip(x, y, into if into is not None else GradientBuffers(self.params))
 
     def _clip(self, x: Tensor | Sequence[Tensor], y: Tensor, into: GradientBuffers) -> ClippedBatch:
         inputs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
