@@ -98,7 +98,7 @@ def test_epsilon_is_privacylab_accounts_and_opacus(accountant) -> None:
     theirs.history = [(sigma, q, steps)]
     # PLD and Opacus's PRV are both numerically tight (different discretisations); the RDP
     # bound is the same closed form (Mironov et al. 2019) on the same orders.
-    tolerance = 0.02 if accountant == "pld" else 1e-9
+    tolerance = 0.01 if accountant == "pld" else 1e-9
     assert ours == pytest.approx(theirs.get_epsilon(1e-5), rel=tolerance)
 
 

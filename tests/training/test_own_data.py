@@ -333,3 +333,15 @@ def test_scatnet_keeps_its_cached_front_end(digits) -> None:
     cfg = TrainConfig(epochs=2, batch_size=30, lr=0.5, privacy=PrivacyConfig(noise_multiplier=0.5))
     train(model, tr, cfg, te)
     assert len(calls) == 2  # once on the training set, once on the evaluation set: not per step
+
+
+def test_a_checkpoint_remembers_the_loader_batch_size(digits, tmp_path) -> None:
+    """Resuming with a DataLoader of another batch size would change q mid-run: refused."""
+    tr, _ = digits
+    cfg = TrainConfig(epochs=1, lr=0.1, privacy=DP)
+    data = TensorDataset(tr.features, tr.labels)
+    first = train(_mlp(), DataLoader(data, batch_size=30), cfg, checkpoint_dir=tmp_path)
+    again = train(_mlp(), DataLoader(data, batch_size=30), cfg, checkpoint_dir=tmp_path)
+    assert torch.equal(_weights(again.model), _weights(first.model))  # resumed, nothing to do
+    with pytest.raises(TrainingError, match="different training configuration"):
+        train(_mlp(), DataLoader(data, batch_size=60), cfg, checkpoint_dir=tmp_path)

@@ -589,7 +589,9 @@ def train(
 
     history: list[EpochRecord] = []
     steps, start_epoch, best, waited, stopped = 0, 0, math.inf, 0, None
-    checkpoint = Checkpoint(checkpoint_dir, json.dumps(config.to_dict(), sort_keys=True))
+    # The batch size used (a DataLoader's may differ from the configuration's) is fingerprinted.
+    fingerprint = {**config.to_dict(), "batch_size": batch_size}
+    checkpoint = Checkpoint(checkpoint_dir, json.dumps(fingerprint, sort_keys=True))
     generators = {"sample": sample_gen, "noise": noise_gen, "augment": aug_gen}
     saved = checkpoint.load(body, optimizer, generators)
     if saved is not None:
