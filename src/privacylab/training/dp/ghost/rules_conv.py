@@ -13,7 +13,9 @@ of large convolutional neural networks with differential privacy"), once per gro
 we pick the cheaper of the ghost norm (time T²(d+p) per group and example) and instantiating
 g_γ,iᵀ a_γ,i (time Tpd) — the layer-wise choice of Bu et al.'s mixed ghost clipping, with the
 criterion of :func:`~privacylab.training.dp.ghost.rules.instantiate` (pd ≤ T(d+p)), per group:
-a depthwise convolution (d = Π k, p = channel multiplier) is always instantiated, cheaply.
+a depthwise convolution (d = Π k, p = channel multiplier) is always instantiated, cheaply —
+one kernel offset at a time by elementwise products of strided views (no im2col copy), since
+its per-group GEMMs would be matrix-vector products.
 
 A transposed convolution y = conv_transposeᵀ(x; W) is the adjoint of the convolution z =
 conv(y; W) with the same stride, padding, dilation and groups, so its weight gradient is that
@@ -30,6 +32,7 @@ batch; the instantiated branch is a weighted reduction of the kept per-example g
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Collection, Mapping, Sequence
 
@@ -99,6 +102,51 @@ def _grouped_rows(y: Tensor, groups: int) -> Tensor:
     """(b, P, *O) -> (b·G, P/G, T): the "output gradient" side of each group (a view)."""
     b, p = y.shape[:2]
     return y.reshape(b * groups, p // groups, -1)
+
+
+SMALL_GROUP = 4
+"""Instantiated groups with (C/G)·p ≤ this (depthwise convolutions) are formed one kernel offset
+at a time by elementwise products: there the batched GEMMs would be matrix-vector products."""
+
+
+def _offset_products(
+    u: _Unfolded,
+    s: slice,
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+) -> Tensor:
+    """(b, G, C/G, Π k, p) per-example weight gradients of one call for examples ``s``.
+
+    For each kernel offset, the input positions it meets are a strided view of the padded
+    source; the gradient of that offset is Σ_t source_view[t] · other[t], with no im2col copy.
+    """
+    x = u.source[s]
+    if any(u.padding):
+        x = F.pad(x, _pad_pairs(u.padding))
+    x = x.contiguous()
+    other = u.other[s]
+    b, c = x.shape[:2]
+    out_size = other.shape[2:]
+    p = other.shape[1] // groups
+    other = other.reshape(b, groups, 1, p, *out_size)
+    spatial = x.stride()[2:]
+    dims = tuple(range(4, 4 + len(out_size)))
+    out = x.new_empty(b, groups, c // groups, math.prod(kernel), p)
+    for index, offset in enumerate(itertools.product(*(range(k) for k in kernel))):
+        start = x.storage_offset() + sum(
+            o * dl * sp for o, dl, sp in zip(offset, dilation, spatial, strict=True)
+        )
+        view = x.as_strided(
+            (b, c, *out_size),
+            (x.stride(0), x.stride(1), *(sp * st for sp, st in zip(spatial, stride, strict=True))),
+            start,
+        )
+        out[:, :, :, index] = (view.unflatten(1, (groups, c // groups)).unsqueeze(3) * other).sum(
+            dims
+        )
+    return out
 
 
 class _Unfolded:
@@ -203,8 +251,17 @@ class ConvGradients(LayerGradients):
             # kept as (B, G, d, p): the faster batched GEMM orientation on CPU
             grads = torch.empty(batch, groups, self.d, self.p, dtype=dtype, device=device)
             for s in _chunks(batch, per_example):
-                a, g = self._unfold(s)
-                torch.bmm(a, g.transpose(1, 2), out=grads[s].view(-1, self.d, self.p))
+                if self.cg * self.p <= SMALL_GROUP:
+                    layer = self.layer
+                    grads[s] = sum(
+                        _offset_products(
+                            u, s, self.kernel, layer.stride, layer.dilation, groups
+                        ).flatten(2, 3)
+                        for u in self.parts
+                    )
+                else:
+                    a, g = self._unfold(s)
+                    torch.bmm(a, g.transpose(1, 2), out=grads[s].view(-1, self.d, self.p))
                 sq[s] = _sq(grads[s])
             self.per_example["weight"] = grads
             self.parts = []
