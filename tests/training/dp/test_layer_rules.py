@@ -225,26 +225,24 @@ def test_conv_transpose_with_output_size_argument() -> None:
     check_rule(layer, [lambda s: ((x[s],), {"output_size": [8, 8]})])
 
 
-def test_both_branches_of_the_per_layer_choice_are_exercised() -> None:
-    """The cases above include ghost-norm and instantiated convolutions (else they test less)."""
-    from privacylab.training.dp.ghost.rules_conv import ConvGradients
+def test_every_branch_of_the_convolution_rule_is_exercised() -> None:
+    """The cases above cover ghost norm, GEMM instantiation and the depthwise offset products,
+    for convolutions and transposed ones (else they would test less than they seem to)."""
+    from privacylab.training.dp.ghost.rules_conv import SMALL_GROUP, ConvGradients
 
-    chosen = set()
-    for name in ("conv-transpose1d-ghost", "conv-transpose2d-depthwise"):
+    def branch(name: str) -> str:
         layer, x = CONVS[name]()
         layer = layer.double()
         with torch.no_grad():
             out = layer(x)
-        chosen.add(ConvGradients(layer, [LayerCall(x, out)], {"weight"}).instantiated)
-    assert chosen == {True, False}
-    chosen = set()
-    for name in ("conv1d-wide-ghost", "conv2d-groups-ghost", "conv1d-depthwise"):
-        layer, x = CONVS[name]()
-        layer = layer.double()
-        with torch.no_grad():
-            out = layer(x)
-        chosen.add(ConvGradients(layer, [LayerCall(x, out)], {"weight"}).instantiated)
-    assert chosen == {True, False}
+        state = ConvGradients(layer, [LayerCall(x, out)], {"weight"})
+        if not state.instantiated:
+            return "ghost"
+        return "offsets" if state.cg * state.p <= SMALL_GROUP else "gemm"
+
+    transposed = {n for n in CONVS if n.startswith("conv-transpose")}
+    assert {branch(n) for n in transposed} == {"ghost", "offsets", "gemm"}
+    assert {branch(n) for n in set(CONVS) - transposed} == {"ghost", "offsets", "gemm"}
     assert instantiate(1, 9, 16)  # depthwise 3x3: always instantiated
 
 
