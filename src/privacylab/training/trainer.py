@@ -60,7 +60,12 @@ __all__ = ["CHECKPOINT_FORMAT", "EpochRecord", "PrivacySpent", "TrainResult", "t
 
 @dataclass
 class EpochRecord:
-    """Loss and accuracy after one epoch on the members (training data) and non-members."""
+    """Loss and accuracy after one epoch on the members (training data) and non-members.
+
+    The loss is the mean per-example loss (cross-entropy without label smoothing by default).
+    Accuracy is None where it means nothing: targets that are not class indices (regression,
+    multi-label).
+    """
 
     epoch: int
     train_loss: float
@@ -395,7 +400,8 @@ def train(
 
     Data (`privacylab.training.inputs`): a privacylab `Dataset`, `(x, y)` numpy arrays or
     tensors, `((x1, ..., xk), y)` for a model called as `model(x1, ..., xk)`, a `TensorDataset`,
-    any map-style torch `Dataset` of `(x, y)` / `(x1, ..., xk, y)` items (read once), or a
+    any map-style torch `Dataset` of `(x, y)` / `(x1, ..., xk, y)` items (read into memory
+    once, up to `inputs.MAX_MATERIALISED_BYTES`; a random transform is thus applied once), or a
     `DataLoader` — its dataset is used and its `batch_size` is the expected batch size unless
     `config.batch_size` is set to something other than its default; its own sampler is not used
     (under DP the batches are Poisson-resampled from its dataset: the q reported is the one
