@@ -238,15 +238,15 @@ def calibrate_tuning(
     )
 
 
-LR_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+LR_FACTORS = (0.5, 0.7, 1.0, 1.4, 2.0)
 """The learning rate is searched over these multiples of the default (log-uniform)."""
 
-CLIP_NORMS = (0.1, 0.3, 1.0, 3.0)
+CLIP_NORMS = (0.3, 1.0, 3.0)
 """Clipping norms searched (lr·C kept by scaling lr when C is searched)."""
 
-BATCH_FACTORS = (0.5, 1.0, 2.0)
+BATCH_FACTORS = (1.0, 2.0)
 """The batch size is searched over these multiples of the default, at the same number of steps
-(De et al. 2022's fixed step budget)."""
+(De et al. 2022's fixed step budget; smaller batches only add noise per step)."""
 
 VALIDATION_FRACTION = 0.2
 SCORE_NOISE_FRACTION = 0.02
