@@ -184,6 +184,25 @@ def test_auto_stays_ghost_and_the_engine_step_is_exact() -> None:
         torch.testing.assert_close((p.detach() - b).double(), -want / 6, rtol=1e-4, atol=1e-6)
 
 
+class PeekThenUse(nn.Module):
+    """Calls a fallback layer once without gradients (a statistic), then for real."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = Nonlinear(6, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x: Tensor) -> Tensor:
+        with torch.no_grad():
+            peek = self.layer(x).abs().mean(1, keepdim=True)
+        return self.head(self.layer(x) / (1 + peek))
+
+
+def test_a_call_without_gradients_is_not_recorded_and_the_rest_is_exact() -> None:
+    torch.manual_seed(7)
+    assert_matches_brute_force(PeekThenUse(), *_data())
+
+
 # ---- refusals: one line each ----------------------------------------------------------------
 
 

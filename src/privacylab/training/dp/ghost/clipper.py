@@ -171,7 +171,7 @@ class ForwardTape:
     probes: dict[tuple[int, int], CallProbe] | None = None
     """From `probe_calls`: how the k-th call of layer i relates to the batch."""
     _calls: Counter[int] = field(default_factory=Counter)
-    _state: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    _state: dict[int, list[list[tuple[int, int]]]] = field(default_factory=dict)
 
     @contextmanager
     def recording(self) -> Iterator[None]:
@@ -193,7 +193,7 @@ class ForwardTape:
 
     def _snapshot(self, index: int) -> Callable[..., None]:
         def hook(module: nn.Module, args: tuple) -> None:
-            self._state[index] = _module_state(module)
+            self._state.setdefault(index, []).append(_module_state(module))
 
         return hook
 
@@ -217,10 +217,12 @@ class ForwardTape:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
             call = self._calls[index]
             self._calls[index] += 1
+            fallback = self.layers[index].fallback
+            before = self._state[index].pop() if fallback and self._state.get(index) else None
             if not torch.is_grad_enabled():
                 return
-            if self.layers[index].fallback:
-                self._record_fallback(index, call, module, args, kwargs, output)
+            if fallback:
+                self._record_fallback(index, call, module, args, kwargs, output, before)
                 return
             if not isinstance(output, Tensor) or not output.requires_grad:
                 return
@@ -254,7 +256,14 @@ class ForwardTape:
         return hook
 
     def _record_fallback(
-        self, index: int, call: int, module: nn.Module, args: tuple, kwargs: dict, output: object
+        self,
+        index: int,
+        call: int,
+        module: nn.Module,
+        args: tuple,
+        kwargs: dict,
+        output: object,
+        before: list[tuple[int, int]] | None,
     ) -> None:
         """Record a call of a fallback layer, refusing what recomputation could not reproduce."""
         if isinstance(output, Tensor) and not output.requires_grad:
@@ -265,7 +274,7 @@ class ForwardTape:
         problem = describe_call_problem(output, probe.batched, probe.mixed, probe.output_batched)
         if problem is not None:
             raise self._refuse(index, problem)
-        if _module_state(module) != self._state.pop(index, None):
+        if before is None or _module_state(module) != before:
             raise self._refuse(
                 index,
                 "its forward writes to or replaces its buffers or parameters (running "
