@@ -66,6 +66,20 @@ def _transformer(length: int) -> nn.Module:
     )  # fmt: skip
 
 
+class UnexpandedPositions(nn.Module):
+    """A position embedding called on `arange(L)` (shape (L,), not expanded over the batch)."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(20, 8)
+        self.positions = nn.Embedding(length, 8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = self.positions(torch.arange(tokens.shape[-1]))
+        return self.head(torch.tanh(self.tokens(tokens) + positions).mean(-2))
+
+
 class SequenceFirst(nn.Module):
     """A GRU-style layout: (B, T, d) input turned sequence-first before a Linear."""
 
@@ -83,7 +97,7 @@ class SequenceFirst(nn.Module):
 @pytest.mark.parametrize(
     ("make", "x"),
     [
-        (lambda: _transformer(6), torch.randint(0, 20, (6, 6))),  # L == B
+        (lambda: UnexpandedPositions(6), torch.randint(0, 20, (6, 6))),  # L == B
         (SequenceFirst, torch.randn(5, 5, 4)),  # T == B
     ],
     ids=["positions-L-equals-B", "sequence-first-T-equals-B"],
@@ -100,10 +114,18 @@ def test_a_dimension_equal_to_the_batch_is_not_taken_for_it(make, x):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
 
 
-def test_batch_first_models_keep_ghost_clipping_and_exact_sums():
+@pytest.mark.parametrize(
+    ("make", "x"),
+    [
+        (lambda: build_model("mlp", (1, 8, 8), 3, widths=(16,), seed=0), torch.randn(7, 1, 8, 8)),
+        (lambda: _transformer(6), torch.randint(0, 20, (6, 6))),  # L == B, positions expanded
+    ],
+    ids=["mlp", "zoo-transformer-L-equals-B"],
+)
+def test_batch_first_models_keep_ghost_clipping_and_exact_sums(make, x):
     torch.manual_seed(0)
-    model = build_model("mlp", (1, 8, 8), 3, widths=(16,), seed=0)
-    x, y = torch.randn(7, 1, 8, 8), torch.randint(0, 3, (7,))
+    model = make()
+    y = torch.randint(0, 3, (x.shape[0],))
     engine, update = _update(model, x, y, "ghost")
     assert engine.clipping == "ghost"
     for got, want in zip(update, _brute_force_update(model, x, y), strict=True):
