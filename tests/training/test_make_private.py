@@ -328,3 +328,35 @@ def test_evaluation_calls_are_the_plain_model() -> None:
     with torch.no_grad():
         private.model(x)
     assert private.model.pending is None
+
+
+def test_physical_batch_size_is_the_same_step(digits) -> None:
+    """Opacus's BatchMemoryManager: micro-batches, one noisy step — the same mechanism."""
+    tr, _ = digits
+    runs = []
+    for physical in (None, 7):
+        model = _mlp()
+        private = make_private(
+            model, torch.optim.SGD(model.parameters(), lr=0.3), tr, noise_multiplier=1.0,
+            batch_size=64, seed=2, physical_batch_size=physical,
+        )  # fmt: skip
+        losses = _loop(private)[:5]
+        runs.append((losses, _weights(model), private.accountant.get_epsilon()))
+    assert runs[0][0] == pytest.approx(runs[1][0], rel=1e-5)
+    torch.testing.assert_close(runs[0][1], runs[1][1], rtol=1e-4, atol=1e-5)
+    assert runs[0][2] == runs[1][2]
+
+
+def test_secure_noise_is_not_seeded() -> None:
+    results = []
+    for _ in range(2):
+        model = nn.Linear(4, 2)
+        nn.init.zeros_(model.weight)
+        nn.init.zeros_(model.bias)
+        private = _private(model=model, secure_noise=True)
+        x, y = next(iter(private.loader))
+        private.criterion(private.model(x), y).backward()
+        private.optimizer.step()
+        results.append((y, _weights(model)))
+    assert torch.equal(results[0][0], results[1][0])  # the seed still fixes the batches
+    assert not torch.equal(results[0][1], results[1][1])  # the OS draws the noise
