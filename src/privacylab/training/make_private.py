@@ -32,7 +32,10 @@ clipping inexact: a backward through the model's outputs other than `private.cri
 outputs changed between the model and the criterion, a step without a new batch from
 `private.loader` (your own DataLoader is not Poisson sampling), a batch of the loader skipped
 without a step (skipping an empty batch reveals its size), two `backward()` calls for one step
-(accumulate with `physical_batch_size` instead), and `step(closure)`.
+(accumulate with `physical_batch_size` instead), and `step(closure)`. What is done to a batch
+between the loader and the model (moving it to a device, augmenting each example) must act on
+each example alone: mixing examples (mixup, batch statistics) or bringing in other data is
+outside what the accountant covers, and cannot be detected.
 """
 
 from __future__ import annotations
