@@ -250,7 +250,11 @@ BATCH_FACTORS = (1.0, 2.0)
 
 VALIDATION_FRACTION = 0.2
 SCORE_NOISE_FRACTION = 0.02
-"""The validation count's Gaussian noise, as a fraction of the validation size (2% accuracy)."""
+"""The validation count's Gaussian noise is at least this fraction of the validation size (2%
+accuracy) and at least SCORE_NOISE_TIMES_EPSILON / ε, so that on small validation sets the
+score does not take most of the budget."""
+
+SCORE_NOISE_TIMES_EPSILON = 20.0
 
 
 @dataclass
@@ -325,9 +329,10 @@ def private_random_search(
     The training part `train_data` is split (seeded by `base.seed`, each example independently
     with probability 0.2 to validation, so that neighbouring data sets give neighbouring parts)
     into the part each trial trains on and the part it is scored on. Both are private data:
-    the score is the validation correct-count plus Gaussian noise (std 2% of the validation
-    size; sensitivity 1), and its RDP is added to the training run's (sequential composition,
-    an over-estimate of the parallel one). The test set is never seen by the search.
+    the score is the validation correct-count plus Gaussian noise (std the larger of 2% of the
+    validation size and 20/ε; sensitivity 1), and its RDP is added to the training run's
+    (sequential composition, an over-estimate of the parallel one). The test set is never seen
+    by the search.
 
     K ~ D_{η,γ} with E[K] = `expected_trials`; each trial draws lr, C and the batch size (at a
     fixed step count) uniformly from a grid around `base` (options in `fixed` are kept), trains
@@ -371,7 +376,7 @@ def private_random_search(
         }
     )
     plan_steps = [(q, epochs * max(1, round(1 / q))) for q, epochs in plans]
-    score_noise = max(1.0, SCORE_NOISE_FRACTION * n_val)
+    score_noise = max(SCORE_NOISE_FRACTION * n_val, SCORE_NOISE_TIMES_EPSILON / privacy.epsilon)
     budget = calibrate_tuning(
         privacy.epsilon,
         privacy.delta,
