@@ -90,7 +90,10 @@ def test_without_hooks_training_is_bit_identical_to_before(digits, config, diges
     )
     if here == MEASURED_ON:
         assert _digest(plain.model) == digest
-    assert (plain.privacy.epsilon if plain.privacy else None) == epsilon
+    # ε comes from the PLD accountant's floating-point sums: equal to 1e-9 across numpy/scipy
+    # versions, not to the last digit
+    spent = plain.privacy.epsilon if plain.privacy else None
+    assert spent == (pytest.approx(epsilon, rel=1e-9) if epsilon is not None else None)
     idle = train(_mlp(tr), tr, config, te, callbacks=[Callback()])
     assert _digest(idle.model) == _digest(plain.model)
 
