@@ -93,7 +93,10 @@ def ghost_layers(model: nn.Module) -> tuple[list[GhostLayer], list[str]]:
     refuses it.  A parameter shared by several layers (tied weights, e.g. ``head.weight =
     embed.weight``) has as per-example gradient the sum of its layers' contributions, so norms
     cannot be added per layer: every layer of such a group uses the fallback, whose
-    instantiated per-example gradients the clipper sums per example before taking norms.
+    instantiated per-example gradients the clipper sums per example before taking norms.  That
+    costs B × (size of the shared tensor) of memory for the step — what ``per_sample`` and
+    Opacus's hooks pay for every parameter; a parameter shared between a layer and its own
+    sub-layer is refused (recomputing the parent would count the child's use twice).
     """
     layers, problems = [], []
     canonical = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
