@@ -63,20 +63,25 @@ class GaussianMechanism:
         """The privacy event of one release (None when σ = 0: no guarantee at all)."""
         return Gaussian(self.noise_multiplier) if self.noise_multiplier > 0 else None
 
-    def noise(self, like: Tensor) -> Tensor:
-        """A fresh tensor shaped like ``like`` with i.i.d. N(0, (σΔ)²) entries.
+    def noise(self, like: Tensor, out: Tensor | None = None) -> Tensor:
+        """A tensor shaped like ``like`` with i.i.d. N(0, (σΔ)²) entries.
 
         One release may need several draws (one per parameter tensor in DP-SGD); the event is
         that of the release, not of each draw. With σ = 0 nothing is drawn (the generator's
-        state is left as it is).
+        state is left as it is). ``out`` (contiguous, shaped like ``like``) is filled and
+        returned instead of a fresh tensor: the same numbers, without allocating a buffer the
+        size of the model at every step.
         """
         std = self.std
+        if out is None:
+            out = torch.empty_like(like, memory_format=torch.contiguous_format)
+        elif out.shape != like.shape or not out.is_contiguous():
+            raise ValueError("out must be contiguous and shaped like the tensor it stands for")
         if std == 0.0:
-            return torch.zeros_like(like, memory_format=torch.contiguous_format)
+            return out.zero_()
         if self.secure:
             z = secure_standard_normal(like.numel(), like.dtype, like.device)
-            return z.view_as(like).mul_(std)
-        out = torch.empty_like(like, memory_format=torch.contiguous_format)
+            return out.copy_(z.view_as(like)).mul_(std)
         return out.normal_(0.0, std, generator=self.generator)
 
     def release(self, value: Tensor) -> tuple[Tensor, Gaussian | None]:

@@ -195,6 +195,7 @@ class DPSGD:
         else:
             self._clipper = PerSampleClipping(model, loss_fn, self.thresholds)
         self._step_hooks: OrderedDict[int, StepHook] = OrderedDict()
+        self._grad_buffers: dict[str, Tensor] = {}
         self.steps = 0
 
     def _resolve(self, clipping: str) -> str:
@@ -328,7 +329,10 @@ class DPSGD:
 
         Each parameter's noise is drawn when its layer's clipped sum is about to be formed, into
         the buffer that sum is added to (no second gradient-sized buffer), unless a step hook
-        needs the two apart; the order of the draws is the same either way.
+        needs the two apart; the order of the draws is the same either way.  That buffer
+        becomes the parameter's ``.grad`` and is reused at the next step (the optimizer's
+        ``zero_grad`` lets go of it), so a step allocates no gradient-sized memory: keep a copy,
+        not a reference, of ``.grad`` across steps.
         """
         for p in self.params.values():
             self._check_generator(p)
@@ -336,11 +340,15 @@ class DPSGD:
         noise: dict[str, Tensor] = {}
 
         def init(name: str, p: Tensor) -> Tensor:
-            drawn = self.mechanism.noise(p)
-            if not watched:
-                return drawn
-            noise[name] = drawn
-            return torch.zeros_like(p)
+            if watched:
+                noise[name] = self.mechanism.noise(p)
+                return torch.zeros_like(p)
+            buffer = self._grad_buffers.get(name)
+            if buffer is None or buffer.shape != p.shape or buffer.dtype != p.dtype:
+                buffer = self._grad_buffers[name] = torch.empty_like(
+                    p, memory_format=torch.contiguous_format
+                )
+            return self.mechanism.noise(p, out=buffer)
 
         with torch.no_grad():
             batch = self._clip(x, y, GradientBuffers(self.params, init))
