@@ -266,7 +266,7 @@ CASES = [
             layer=nn.EmbeddingBag(5, 3, mode="max"),
         ),
     ),
-    Case("bag-1d-offsets", nn.EmbeddingBag, _bag_flat_offsets, ghost=NOT_BATCH),
+    Case("bag-1d-offsets", nn.EmbeddingBag, _bag_flat_offsets),
     Case("layer-norm", nn.LayerNorm, lambda: one(nn.LayerNorm((3, 4)), _x(2, 3, 4))),
     Case("group-norm", nn.GroupNorm, lambda: one(nn.GroupNorm(2, 4), _x(4, 3))),
     Case("rms-norm", nn.RMSNorm, lambda: one(nn.RMSNorm(3), _x(2, 3))),

@@ -231,7 +231,13 @@ class ForwardTape:
                 return
             activation = args[0] if args else next(iter(kwargs.values()))
             probe = None if self.probes is None else self.probes.get((index, call))
-            if self.probes is not None and not (probe is not None and probe.batch_first):
+            # An EmbeddingBag on flat tokens with offsets: its bags (output rows) are what must
+            # follow the batch; its rule maps tokens to bags by the offsets.
+            flat_bags = isinstance(module, nn.EmbeddingBag) and activation.dim() == 1
+            follows = probe is not None and (
+                probe.output_batched if flat_bags else probe.batch_first
+            )
+            if self.probes is not None and not follows:
                 layer = self.layers[index]
                 raise GhostClippingError(
                     f"layer {describe(layer.path, layer.module)} is called on a tensor whose "
@@ -240,7 +246,9 @@ class ForwardTape:
                     "would be taken along the wrong axis; expand it over the batch, make it "
                     "batch-first, or use clipping='per_sample'"
                 )
-            if activation.shape[:1] != (self.batch_size,) or output.shape[:1] != (self.batch_size,):
+            if output.shape[:1] != (self.batch_size,) or (
+                not flat_bags and activation.shape[:1] != (self.batch_size,)
+            ):
                 raise self._not_batch_first(index, tuple(activation.shape))
             detached = activation.detach()
             self.records.append(
