@@ -113,7 +113,9 @@ def dp_defaults(
     q = 0.5 instead of 0.25 changed nothing (83%), decaying the learning rate lost 7 points,
     tanh gained about 2 (85-86%). At ε = 8 (ReLU): S = 100/200/400/800 gave 84/88/90/90%,
     lr·C = 0.1/0.2/0.3/0.45 at S = 400 gave 90/91/88/83%; tanh with lr·C = 0.2 gave 91%.
-    `benchmarks/dp_defaults.py` gives the median of 3 seeds for the rule as shipped.
+    `benchmarks/dp_defaults.py` gives the median of 3 seeds for the rule as shipped; on mnist5k
+    (test accuracy, ε reported ≤ target): MLP 85.1% at ε = 1 and 91.1% at ε = 8, CNN 85.1% at
+    ε = 1, ScatterNet + linear 90.2% at ε = 1 and 95.7% at ε = 8.
     A `max_grad_norm` given by the user keeps lr·C fixed. δ does not change the rule (σ's
     calibration accounts for it); it is an argument so the rule may use it and is validated.
     """
