@@ -428,7 +428,12 @@ def _model_fits(dataset: str, model: str, options: dict[str, Any], root: str | P
     from privacylab.data.info import dataset_info
     from privacylab.models import model_options
     from privacylab.models._checks import parameter_shapes
+    from privacylab.models.factory import is_factory, resolve_factory
 
+    if is_factory(model):  # your own model: importable now, built once the data is loaded
+        resolve_factory(model)
+        dataset_info(dataset, root)
+        return
     model_options(model)  # an unknown model name is refused before the data load
     data = dataset_info(dataset, root)
     parameter_shapes(model, data.input_shape, data.num_classes, dict(options))

@@ -117,6 +117,14 @@ def train_command(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     root: Annotated[Path | None, typer.Option("--root", help="Folder of on-disk datasets.")] = None,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    fix: Annotated[
+        bool,
+        typer.Option(
+            "--fix",
+            help="With --dp: make the model trainable by DP-SGD (BatchNorm -> GroupNorm, "
+            "LSTM/GRU/RNN/MultiheadAttention -> DP drop-ins); the changes are printed.",
+        ),
+    ] = False,
     json_output: JsonOpt = False,
 ) -> None:
     """Train a model, privately with DP-SGD (Abadi et al. 2016, Alg. 1) when --dp is given;
@@ -136,6 +144,10 @@ def train_command(
             _whole_in(batch_size, "--batch-size", 1, 10**7)
         _whole_in(seed, "--seed", 0, 2**63 - 1)
         _device(device)
+        if fix and not dp:
+            raise ValueError("--fix prepares a model for DP-SGD; add --dp")
+        if fix and tune is not None:
+            raise ValueError("--fix cannot be combined with --tune; fix the model first")
         if tune is not None:
             _whole_in(tune, "--tune", 2, 1000)
             if not dp or epsilon is None:
@@ -233,8 +245,9 @@ def train_command(
         ).validate()
         if chosen is not None and activation is None:
             from privacylab.models import model_options
+            from privacylab.models.factory import is_factory
 
-            if "activation" in model_options(model):
+            if not is_factory(model) and "activation" in model_options(model):
                 options["activation"] = chosen["activation"]
             else:
                 chosen.pop("activation")
@@ -245,7 +258,7 @@ def train_command(
         if tune is not None:
             summary = _tune(dataset, model, config, out, root, options, tune, given, console)
         else:
-            summary = _train(dataset, model, config, out, root, options, console)
+            summary = _train(dataset, model, config, out, root, options, console, fix)
         if chosen is not None:
             summary["defaults"] = chosen
         if json_output:
@@ -370,6 +383,7 @@ def _train(
     root: Path | None,
     options: dict[str, Any],
     console: Any,
+    fix: bool = False,
 ) -> dict[str, Any]:
     from privacylab.training.job import train_job
 
@@ -396,7 +410,15 @@ def _train(
             bar.update(task, completed=record.epoch)
 
         return train_job(
-            dataset, model, config, out, root=root, model_options=options, progress=report
+            dataset,
+            model,
+            config,
+            out,
+            root=root,
+            model_options=options,
+            progress=report,
+            fix=fix,
+            notes=lambda line: _say(console, line),
         )
 
 

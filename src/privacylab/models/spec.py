@@ -12,6 +12,7 @@ from torch import nn
 
 from privacylab.models.errors import ModelError
 from privacylab.models.registry import build_model
+from privacylab.models.transforms import apply_transforms
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class ModelSpec:
     input_shape: tuple[int, ...]
     num_classes: int
     options: dict[str, Any] = field(default_factory=dict)
+    transforms: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -50,6 +52,7 @@ class ModelSpec:
             "input_shape": list(self.input_shape),
             "num_classes": self.num_classes,
             "options": dict(self.options),
+            **({"transforms": list(self.transforms)} if self.transforms else {}),
         }
 
     @classmethod
@@ -63,8 +66,19 @@ class ModelSpec:
         shape, options = data["input_shape"], data.get("options", {})
         if not isinstance(shape, list | tuple) or not isinstance(options, Mapping):
             raise ModelError("model spec: input_shape must be a list and options an object")
-        return cls(data["name"], tuple(shape), data["num_classes"], dict(options))
+        transforms = data.get("transforms", [])
+        if not isinstance(transforms, list | tuple) or not all(
+            isinstance(t, str) for t in transforms
+        ):
+            raise ModelError("model spec: transforms must be a list of names")
+        return cls(
+            data["name"], tuple(shape), data["num_classes"], dict(options), tuple(transforms)
+        )
 
     def build(self, *, seed: int | None = None) -> nn.Module:
-        """`build_model(name, input_shape, num_classes, seed=seed, **options)`."""
-        return build_model(self.name, self.input_shape, self.num_classes, seed=seed, **self.options)
+        """`build_model(name, input_shape, num_classes, seed=seed, **options)`, then the
+        `transforms` in order (`privacylab.models.transforms`)."""
+        model = build_model(
+            self.name, self.input_shape, self.num_classes, seed=seed, **self.options
+        )
+        return apply_transforms(model, self.transforms) if self.transforms else model

@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from privacylab.data import load_dataset, split_train_test
 from privacylab.models import ModelSpec, build_model, save_model
-from privacylab.training.config import TrainConfig
+from privacylab.training.config import TrainConfig, TrainingError
+from privacylab.training.dp.validate import fix as fix_model
+from privacylab.training.dp.validate import validate
 from privacylab.training.hooks import Callback, Regularizer
 from privacylab.training.trainer import EpochRecord, train
 
@@ -25,6 +28,8 @@ def train_job(
     progress: Callable[[EpochRecord], None] | None = None,
     regularizer: Regularizer | None = None,
     callbacks: Iterable[Callback] = (),
+    fix: bool = False,
+    notes: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Train `model` on the canonical train part of `dataset`, evaluate on its test part, and
     save the model (safetensors + JSON sidecar) to `out`; returns the run's summary.
@@ -33,6 +38,11 @@ def train_job(
     A private run's sidecar holds ``metadata["privacy_event"]``: the JSON form of the composed
     privacy event the run executed, which `privacylab.training.reaccount` bounds again.
     `regularizer` and `callbacks` are passed to `train` (see `privacylab.training.hooks`).
+
+    A private run first validates the model for DP-SGD (`privacylab.training.dp.validate`) and
+    passes each finding to `notes`; with `fix` the model is replaced by its fixed copy
+    (BatchNorm -> GroupNorm, stock recurrent/attention layers -> DP drop-ins) and the saved
+    spec records the ``"dp-fix"`` transform, so `load_model` rebuilds the same architecture.
     """
     config.validate()
     data = load_dataset(dataset, root)
@@ -40,6 +50,23 @@ def train_job(
     options = dict(model_options or {})
     spec = ModelSpec(model, members.input_shape, members.num_classes, options)
     net = build_model(model, members.input_shape, members.num_classes, seed=config.seed, **options)
+    if config.privacy is not None:
+        findings = validate(net)
+        for finding in findings:
+            if notes is not None:
+                notes(finding.line())
+        blocking = [f for f in findings if f.blocking]
+        if fix and findings:
+            spec = replace(spec, transforms=("dp-fix",))
+            net = fix_model(net)
+        elif blocking:
+            first = blocking[0]
+            hint = (
+                "; add --fix (Python: train_job(..., fix=True)) to apply it"
+                if first.fix is not None
+                else ""
+            )
+            raise TrainingError(f"DP-SGD cannot train {first.line()}{hint}")
     out = Path(out)
     result = train(
         net,

@@ -322,7 +322,12 @@ def _check_model_output(
     that returns one value per example (each example's gradient is clipped on its own)."""
     with torch.no_grad():
         body.eval()
-        out = body(*(t[:2] for t in inputs))
+        try:
+            out = body(*(t[:2] for t in inputs))
+        except (RuntimeError, ValueError, TypeError, IndexError) as error:
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+            shapes = ", ".join(str(tuple(t.shape[1:])) for t in inputs)
+            raise TrainingError(f"the model fails on examples of shape {shapes}: {first}") from None
         target = y[:2]
         if loss_fn is None:
             if not isinstance(out, Tensor) or out.dim() != 2:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from privacylab.models.transforms import register_transform
 from privacylab.training.dp.errors import DPSGDError
 from privacylab.training.dp.ghost.registry import rule_for
 from privacylab.training.dp.modules import REPLACEMENTS
@@ -330,3 +331,8 @@ def describe(findings: list[Finding]) -> str:
         return "model check: no problems found for DP-SGD"
     ordered = sorted(findings, key=lambda f: not f.blocking)
     return "\n".join(f.line() for f in ordered)
+
+
+register_transform("dp-fix")(fix)
+"""A model saved after `fix` records ``"dp-fix"`` in its spec, so `load_model` rebuilds the fixed
+architecture before loading its weights."""
