@@ -149,6 +149,43 @@ def _offset_products(
     return out
 
 
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+def _correlated(
+    u: _Unfolded,
+    s: slice,
+    kernel: Sequence[int],
+    stride: Sequence[int],
+    dilation: Sequence[int],
+    groups: int,
+) -> Tensor:
+    """(b, G, 1, Π k, p) per-example weight gradients of one call with one input channel per
+    group (depthwise), by one grouped convolution over all examples and channels at once.
+
+    Example i's gradient of channel c is the correlation of its source channel with its
+    other-side rows — a convolution whose kernel is ``other`` (stride and dilation swapped), the
+    way back-propagation forms a convolution's weight gradient — so the b·G channels become
+    the groups of one convolution: no im2col and no Python loop over kernel offsets.
+    """
+    x = u.source[s]
+    other = u.other[s]
+    b = x.shape[0]
+    p = other.shape[1] // groups
+    out_size = other.shape[2:]
+    grads = _CONV[len(kernel)](
+        x.reshape(1, b * groups, *x.shape[2:]),
+        other.reshape(b * groups * p, 1, *out_size),
+        stride=tuple(dilation),
+        padding=tuple(u.padding),
+        dilation=tuple(stride),
+        groups=b * groups,
+    )
+    crop = tuple(slice(0, k) for k in kernel)
+    grads = grads[(0, slice(None), *crop)]  # the trailing positions past the kernel are unused
+    return grads.reshape(b, groups, p, math.prod(kernel)).transpose(2, 3).unsqueeze(2)
+
+
 class _Unfolded:
     """One call of a convolution, seen as the weight gradient of a convolution.
 
@@ -251,7 +288,15 @@ class ConvGradients(LayerGradients):
             # kept as (B, G, d, p): the faster batched GEMM orientation on CPU
             grads = torch.empty(batch, groups, self.d, self.p, dtype=dtype, device=device)
             for s in _chunks(batch, per_example):
-                if self.cg * self.p <= SMALL_GROUP:
+                if self.cg == 1 and groups > 1:
+                    layer = self.layer
+                    grads[s] = sum(
+                        _correlated(
+                            u, s, self.kernel, layer.stride, layer.dilation, groups
+                        ).flatten(2, 3)
+                        for u in self.parts
+                    )
+                elif self.cg * self.p <= SMALL_GROUP:
                     layer = self.layer
                     grads[s] = sum(
                         _offset_products(
