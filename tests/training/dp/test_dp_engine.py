@@ -414,3 +414,24 @@ def test_clipped_example_norm_is_at_most_c(clip, scale, clipping, per_layer) -> 
         if per_layer:
             for name, g in clipped.items():
                 assert g.norm() <= thresholds[name] * (1 + 1e-9)
+
+
+def test_numpy_inputs_give_the_tensor_step() -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(6, 1, 12, 12)), rng.integers(0, 5, 6)
+    runs = []
+    for as_numpy in (True, False):
+        torch.manual_seed(0)
+        model = mlp()
+        engine = _engine(model, noise_multiplier=1.0, generator=torch.Generator().manual_seed(1))
+        if as_numpy:
+            engine.step(x, y)  # float64 features take the weights' float32
+        else:
+            engine.step(torch.tensor(x, dtype=torch.float32), torch.tensor(y))
+        runs.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(DPSGDError, match="must be tensors or arrays, got str"):
+        _engine(mlp()).step("not data", y)

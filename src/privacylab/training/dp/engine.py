@@ -274,7 +274,8 @@ class DPSGD:
         return self._clip(x, y, into if into is not None else GradientBuffers(self.params))
 
     def _clip(self, x: Tensor | Sequence[Tensor], y: Tensor, into: GradientBuffers) -> ClippedBatch:
-        inputs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+        inputs = tuple(map(self._as_tensor, x if isinstance(x, (tuple, list)) else (x,)))
+        y = self._as_tensor(y)
         batch = int(y.shape[0])
         for t in inputs:
             if t.shape[0] != batch:
@@ -373,6 +374,22 @@ class DPSGD:
         self.optimizer.zero_grad()
         loss = batch.loss.mean().item() if batch.batch_size else math.nan
         return StepResult(loss, batch.batch_size, batch.norms)
+
+    def _as_tensor(self, value: object) -> Tensor:
+        """A numpy array (or anything ``torch.as_tensor`` takes) on the parameters' device;
+        floating-point inputs take the parameters' dtype, as a float64 numpy array would
+        otherwise fail against float32 weights."""
+        if isinstance(value, Tensor):
+            return value
+        p = next(iter(self.params.values()))
+        try:
+            tensor = torch.as_tensor(value, device=p.device)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise DPSGDError(
+                f"inputs and targets must be tensors or arrays, got {type(value).__name__}: "
+                f"{str(error).splitlines()[0] if str(error) else ''}"
+            ) from None
+        return tensor.to(p.dtype) if tensor.is_floating_point() else tensor
 
     def _check_generator(self, p: Tensor) -> None:
         generator = self.mechanism.generator
