@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import math
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -89,7 +90,7 @@ class RecurrentCell(nn.Module):
             self.hr = nn.Linear(hidden_size, proj_size, bias=False, **factory)
 
 
-class DPRNNBase(nn.Module):
+class DPRNNBase(nn.Module, ABC):
     """Shared machinery of :class:`DPRNN`, :class:`DPLSTM` and :class:`DPGRU`.
 
     Same constructor arguments, attributes, call signature and outputs as the stock module,
@@ -101,6 +102,8 @@ class DPRNNBase(nn.Module):
     """
 
     mode: str = ""
+    stock: ClassVar[type[nn.RNNBase]]
+    """The stock module this class replaces."""
 
     def __init__(
         self,
@@ -199,15 +202,10 @@ class DPRNNBase(nn.Module):
                 state_dict[prefix + new] = state_dict.pop(key)
 
     @classmethod
-    def stock_type(cls) -> type[nn.RNNBase]:
-        """The stock module this class replaces."""
-        raise NotImplementedError
-
-    @classmethod
     def from_module(cls, stock: nn.RNNBase) -> DPRNNBase:
         """A copy of ``stock`` (same configuration, weights, dtype, device, mode, frozen
         parameters) whose output equals the stock module's."""
-        expected = cls.stock_type()
+        expected = cls.stock
         if not isinstance(stock, expected):
             raise DPSGDError(
                 f"{cls.__name__}.from_module needs an nn.{expected.__name__}, got "
@@ -247,11 +245,11 @@ class DPRNNBase(nn.Module):
             raise DPSGDError(f"{type(self).__name__} expected {what} of shape {shape}, got {got}")
         return hx
 
+    @abstractmethod
     def _step(
         self, projected: Tensor, hidden: Tensor, state: Tensor | None, cell: RecurrentCell
     ) -> tuple[Tensor, Tensor | None]:
         """One time step from the projected input (B, G·h) and the previous state."""
-        raise NotImplementedError
 
     def _run(
         self, x: Tensor, h0: Tensor, c0: Tensor | None, lengths: Tensor | None
@@ -420,9 +418,7 @@ class DPRNN(DPRNNBase):
             dtype=dtype,
         )
 
-    @classmethod
-    def stock_type(cls) -> type[nn.RNNBase]:
-        return nn.RNN
+    stock = nn.RNN
 
     def _step(
         self, projected: Tensor, hidden: Tensor, state: Tensor | None, cell: RecurrentCell
@@ -459,9 +455,7 @@ class DPGRU(DPRNNBase):
 
     mode = "GRU"
 
-    @classmethod
-    def stock_type(cls) -> type[nn.RNNBase]:
-        return nn.GRU
+    stock = nn.GRU
 
     def _step(
         self, projected: Tensor, hidden: Tensor, state: Tensor | None, cell: RecurrentCell
@@ -495,9 +489,7 @@ class DPLSTM(DPRNNBase):
 
     mode = "LSTM"
 
-    @classmethod
-    def stock_type(cls) -> type[nn.RNNBase]:
-        return nn.LSTM
+    stock = nn.LSTM
 
     def _step(
         self, projected: Tensor, hidden: Tensor, state: Tensor | None, cell: RecurrentCell
