@@ -26,6 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -81,6 +82,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _time_steps(
+    draw: Callable[[], Tensor], step: Callable[[Tensor], object], device: torch.device, count: int
+) -> list[float]:
+    """Wall-clock seconds of each of ``count`` steps ``step(draw())``; the draw is not timed."""
+    times = []
+    for _ in range(count):
+        batch = draw().to(device)
+        _sync(device)
+        start = time.perf_counter()
+        step(batch)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
@@ -94,14 +110,12 @@ def _rank(rank: int, world: int, port: int, args: argparse.Namespace, out: str) 
     try:
         engine, x, y = _setup(args.clipping, device)
         trainer = DistributedDPSGD(engine, N, seed=SAMPLE_SEED)
-        times = []
-        for _ in range(args.warmup + args.steps):
-            share = trainer.next_share().to(device)
-            _sync(device)
-            start = time.perf_counter()
-            trainer.step(x[share], y[share])
-            _sync(device)
-            times.append(time.perf_counter() - start)
+        times = _time_steps(
+            trainer.next_share,
+            lambda share: trainer.step(x[share], y[share]),
+            device,
+            args.warmup + args.steps,
+        )
         size = sum(p.numel() for p in engine.params.values())
         buffer = torch.zeros(size, device=device)
         comm = []
@@ -127,14 +141,12 @@ def _single(args: argparse.Namespace) -> dict:
     device = torch.device(args.device)
     engine, x, y = _setup(args.clipping, device)
     sampler = PoissonSampler(N, BATCH / N, generator=torch.Generator().manual_seed(SAMPLE_SEED))
-    times = []
-    for _ in range(args.warmup + args.steps):
-        batch = sampler.sample().to(device)
-        _sync(device)
-        start = time.perf_counter()
-        engine.step(x[batch], y[batch])
-        _sync(device)
-        times.append(time.perf_counter() - start)
+    times = _time_steps(
+        sampler.sample,
+        lambda batch: engine.step(x[batch], y[batch]),
+        device,
+        args.warmup + args.steps,
+    )
     return {
         "step_ms": 1e3 * statistics.median(times[args.warmup :]),
         "epsilon": _epsilon(engine),
