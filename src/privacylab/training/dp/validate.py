@@ -40,6 +40,7 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -112,32 +113,34 @@ def _carry_over(module: nn.Module, replacement: nn.Module) -> nn.Module:
     return replacement.train(module.training)
 
 
+def _factory(module: nn.modules.batchnorm._NormBase) -> dict[str, Any]:
+    """The device and dtype of a norm layer's weight (or running mean), for its replacement."""
+    reference = module.weight if module.weight is not None else module.running_mean
+    return {} if reference is None else {"device": reference.device, "dtype": reference.dtype}
+
+
 def _batch_norm_to_group_norm(module: nn.Module) -> nn.Module:
     assert isinstance(module, nn.modules.batchnorm._BatchNorm)
     channels = module.num_features
-    reference = module.weight if module.weight is not None else module.running_mean
-    factory = {} if reference is None else {"device": reference.device, "dtype": reference.dtype}
     replacement = nn.GroupNorm(
         group_count(channels, positions=_positions(module)),
         channels,
         eps=module.eps,
         affine=module.affine,
-        **factory,
+        **_factory(module),
     )
     return _carry_over(module, replacement)
 
 
 def _instance_norm_without_stats(module: nn.Module) -> nn.Module:
     assert isinstance(module, nn.modules.instancenorm._InstanceNorm)
-    reference = module.weight if module.weight is not None else module.running_mean
-    factory = {} if reference is None else {"device": reference.device, "dtype": reference.dtype}
     replacement = type(module)(
         module.num_features,
         eps=module.eps,
         momentum=module.momentum,
         affine=module.affine,
         track_running_stats=False,
-        **factory,
+        **_factory(module),
     )
     return _carry_over(module, replacement)
 
@@ -258,9 +261,8 @@ def _walk(model: nn.Module) -> list[tuple[str, nn.Module, _Diagnosis]]:
         diagnosis = _diagnose(module)
         if diagnosis is None:
             continue
-        if diagnosis.fixer is not None or type(module) in REPLACEMENTS:
-            replaced.append(path)
         if diagnosis.fixer is not None:
+            replaced.append(path)
             inside = {id(m) for m in module.modules()}
             shared = sorted(
                 other
