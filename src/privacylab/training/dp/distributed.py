@@ -212,6 +212,7 @@ class DistributedDPSGD:
             num_examples, self.sample_rate, generator=torch.Generator().manual_seed(seed)
         )
         self._names = list(engine.params)
+        self._position = {name: k for k, name in enumerate(self._names)}
         self._global: Tensor | None = None
         self._share: Tensor | None = None
         self._draws = 0
@@ -390,7 +391,6 @@ class DistributedDPSGD:
             batch_indices = torch.zeros(0, dtype=torch.long)
         check = engine.steps % self.check_every == 0
         fingerprint = model_fingerprint(list(engine.params.values())) if check else (0, 0)
-        position = {name: k for k, name in enumerate(self._names)}
         loss = float(clipped.loss.double().sum()) if clipped is not None and local else 0.0
         vector = [
             _OK if error is None else _FAILED,
@@ -401,7 +401,7 @@ class DistributedDPSGD:
             engine.steps,
             _bits(loss),
             *fingerprint,
-            *[position[n] for n in order[: 2 * len(self._names)] if clipped is not None],
+            *[self._position[n] for n in order[: 2 * len(self._names)] if clipped is not None],
         ]
         vector += [-1] * (9 + 2 * len(self._names) - len(vector))
         rows = self._gather(vector)
