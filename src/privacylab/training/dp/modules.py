@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-from privacylab.training.dp.errors import DPSGDError
+from privacylab.training.dp.errors import DPSGDError, check_count
 
 __all__ = [
     "DPGRU",
@@ -125,11 +125,12 @@ class DPRNNBase(nn.Module, ABC):
             ("hidden_size", hidden_size),
             ("num_layers", num_layers),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise DPSGDError(f"{name} {label} must be a whole number >= 1, got {value!r}")
-        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)):
-            raise DPSGDError(f"{name} dropout must be in [0, 1], got {dropout!r}")
-        if not 0.0 <= float(dropout) <= 1.0:
+            check_count(f"{name} {label}", value)
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, (int, float))
+            or not 0.0 <= float(dropout) <= 1.0
+        ):
             raise DPSGDError(f"{name} dropout must be in [0, 1], got {dropout!r}")
         if isinstance(proj_size, bool) or not isinstance(proj_size, int) or proj_size < 0:
             raise DPSGDError(f"{name} proj_size must be a whole number >= 0, got {proj_size!r}")
@@ -549,10 +550,8 @@ class DPMultiheadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(embed_dim, bool) or not isinstance(embed_dim, int) or embed_dim < 1:
-            raise DPSGDError(f"embed_dim must be a whole number >= 1, got {embed_dim!r}")
-        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-            raise DPSGDError(f"num_heads must be a whole number >= 1, got {num_heads!r}")
+        check_count("embed_dim", embed_dim)
+        check_count("num_heads", num_heads)
         if embed_dim % num_heads:
             raise DPSGDError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
         if not isinstance(dropout, (int, float)) or not 0.0 <= float(dropout) <= 1.0:
