@@ -81,4 +81,4 @@ class ModelSpec:
         model = build_model(
             self.name, self.input_shape, self.num_classes, seed=seed, **self.options
         )
-        return apply_transforms(model, self.transforms) if self.transforms else model
+        return apply_transforms(model, self.transforms)
