@@ -126,21 +126,23 @@ def ghost_layers(model: nn.Module) -> tuple[list[GhostLayer], list[str]]:
             continue
         tied = tied_paths.get(path, {})
         rule = None if tied else rule_for(module)
-        reason = None
-        if rule is not None:
-            reason = rule.check(module) if rule.check is not None else None
-        if rule is None or reason is not None:
+        reason = rule.check(module) if rule is not None and rule.check is not None else None
+        fallback = rule is None or reason is not None
+        if fallback:
             fallback_reason = fallback_check(module)
             if fallback_reason is not None:
-                why = reason if rule is not None else "it has no ghost rule and " + fallback_reason
-                if rule is None and tied:
+                if reason is not None:
+                    why = reason
+                elif tied:
                     why = "it has tied weights and " + fallback_reason
+                else:
+                    why = "it has no ghost rule and " + fallback_reason
                 problems.append(
                     f"ghost clipping cannot handle layer {describe(path, module)}: {why}"
                 )
                 continue
         numel = sum(p.numel() for n, p in module.named_parameters(recurse=False) if n in trainable)
-        if rule is None or reason is not None:
+        if fallback:
             layers.append(GhostLayer(path, module, FALLBACK, trainable, numel, True, tied))
         else:
             layers.append(GhostLayer(path, module, rule, trainable, numel))

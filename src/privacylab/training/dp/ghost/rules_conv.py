@@ -287,21 +287,17 @@ class ConvGradients(LayerGradients):
         if self.instantiated:
             # kept as (B, G, d, p): the faster batched GEMM orientation on CPU
             grads = torch.empty(batch, groups, self.d, self.p, dtype=dtype, device=device)
+            if self.cg == 1 and groups > 1:
+                form = _correlated
+            elif self.cg * self.p <= SMALL_GROUP:
+                form = _offset_products
+            else:
+                form = None
+            stride, dilation = self.layer.stride, self.layer.dilation
             for s in _chunks(batch, per_example):
-                if self.cg == 1 and groups > 1:
-                    layer = self.layer
+                if form is not None:
                     grads[s] = sum(
-                        _correlated(
-                            u, s, self.kernel, layer.stride, layer.dilation, groups
-                        ).flatten(2, 3)
-                        for u in self.parts
-                    )
-                elif self.cg * self.p <= SMALL_GROUP:
-                    layer = self.layer
-                    grads[s] = sum(
-                        _offset_products(
-                            u, s, self.kernel, layer.stride, layer.dilation, groups
-                        ).flatten(2, 3)
+                        form(u, s, self.kernel, stride, dilation, groups).flatten(2, 3)
                         for u in self.parts
                     )
                 else:

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from privacylab.training.dp.errors import GhostClippingError
 from privacylab.training.dp.ghost.registry import LayerCall, LayerGradients, register_rule
-from privacylab.training.dp.ghost.rules import _rows, _sq
+from privacylab.training.dp.ghost.rules import _embedding_check, _rows, _sq
 
 _MODES = {"sum": 0, "mean": 1, "max": 2}
 
@@ -84,14 +84,6 @@ class KeyedRowGradients(LayerGradients):
                 keys = self.keys[s]
                 weight.index_put_((keys // d, keys % d), scaled[:, 0], accumulate=True)
         self.rows = self.keys = self.values = None  # type: ignore[assignment]
-
-
-def _embedding_bag_check(layer: nn.Module) -> str | None:
-    if layer.max_norm is not None:
-        return "max_norm renormalises the weight in place during forward"
-    if layer.scale_grad_by_freq:
-        return "scale_grad_by_freq=True mixes examples (counts are over the batch)"
-    return None
 
 
 def _bags(layer: nn.EmbeddingBag, call: LayerCall) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -163,7 +155,7 @@ def _contributions(layer: nn.EmbeddingBag, call: LayerCall) -> tuple[Tensor, Ten
     return bags, tokens, values
 
 
-@register_rule(nn.EmbeddingBag, check=_embedding_bag_check)
+@register_rule(nn.EmbeddingBag, check=_embedding_check)
 def embedding_bag_rule(
     layer: nn.Module, calls: Sequence[LayerCall], trainable: Collection[str]
 ) -> LayerGradients:
