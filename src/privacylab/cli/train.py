@@ -171,8 +171,8 @@ def train_command(
         options.update(_sequence_options(dataset, model, root, vocab_size, max_len))
         privacy = None
         chosen: dict[str, Any] | None = None
-        given = {
-            name
+        explicit = {
+            name: value
             for name, value in (
                 ("epochs", epochs),
                 ("batch_size", batch_size),
@@ -182,6 +182,7 @@ def train_command(
             )
             if value is not None
         }
+        given = set(explicit)
         settings: dict[str, Any] = {
             "epochs": 30,
             "batch_size": 256,
@@ -204,19 +205,7 @@ def train_command(
                 settings.update({k: v for k, v in chosen.items() if k in settings})
         elif epsilon is not None or noise_multiplier is not None:
             raise ValueError("--epsilon and --noise-multiplier need --dp")
-        settings.update(
-            {
-                k: v
-                for k, v in (
-                    ("epochs", epochs),
-                    ("batch_size", batch_size),
-                    ("lr", lr),
-                    ("optimizer", optimizer),
-                    ("max_grad_norm", max_grad_norm),
-                )
-                if v is not None
-            }
-        )
+        settings.update(explicit)
         if dp:
             privacy = PrivacyConfig(
                 epsilon=epsilon,
@@ -437,6 +426,8 @@ def _tune(
     model is evaluated on the test part once and saved."""
     import math
 
+    import torch
+
     from privacylab.data import load_dataset, split_train_test
     from privacylab.models import ModelSpec, build_model, save_model
     from privacylab.training.tuning import private_random_search
@@ -456,11 +447,10 @@ def _tune(
         progress=lambda line: _say(console, line),
     )
     net = result.model
-    with torch_no_grad():
+    with torch.no_grad():
         logits = net(nonmembers.features.to(config.device))
     test_accuracy = float((logits.argmax(1).cpu() == nonmembers.labels).float().mean())
     budget = result.budget
-    privacy = config.privacy
     trials = [vars(t) for t in result.trials]
     best = vars(result.best)
     tuning = {
@@ -510,12 +500,5 @@ def _tune(
         "summary": summary,
         "privacy_event": None,
     }
-    assert privacy is not None
     save_model(net, out, spec, metadata)
     return summary
-
-
-def torch_no_grad() -> Any:
-    import torch
-
-    return torch.no_grad()
