@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 import privacylab.training.dp.ghost.rules  # noqa: F401  (registers the built-in rules)
 from privacylab.training.dp.clipping import ClippedBatch, ClipThresholds, GradientBuffers
@@ -294,24 +294,26 @@ class ForwardTape:
                 "statistics?), so recomputing it would not reproduce the forward pass",
             )
         assert isinstance(output, Tensor)
-        leaves, _ = tree_flatten((args, kwargs))
+        leaves, spec = tree_flatten((args, kwargs))
         batched = frozenset(i for i, b in enumerate(probe.batched) if b)
         for i in sorted(batched):
             if leaves[i].shape[:1] != (self.batch_size,):
                 raise self._not_batch_first(index, tuple(leaves[i].shape))
         if output.shape[:1] != (self.batch_size,):
             raise self._not_batch_first(index, tuple(output.shape))
-        tensors = tuple(x for x in leaves if isinstance(x, Tensor))
-        detached_args = tuple(tree_map(_detach, list(args)))
-        detached_kwargs = tree_map(_detach, dict(kwargs))
-        first, _ = tree_flatten((detached_args, detached_kwargs))
+        detached = [_detach(x) for x in leaves]
+        detached_args, detached_kwargs = tree_unflatten(detached, spec)
         self.records.append(
             _Record(
                 index,
-                first[min(batched)],
+                detached[min(batched)],
                 detached_args,
                 detached_kwargs,
-                tuple((t.detach(), t._version) for t in tensors),
+                tuple(
+                    (d, x._version)
+                    for d, x in zip(detached, leaves, strict=True)
+                    if isinstance(x, Tensor)
+                ),
                 get_gradient_edge(output),
                 output.shape,
                 output.dtype,
