@@ -248,13 +248,7 @@ class DistributedDPSGD:
             )
         if engine.has_step_hooks:
             raise DPSGDError("DistributedDPSGD does not run the engine's step hooks; remove them")
-        generator = engine.mechanism.generator
-        for p in engine.params.values():
-            if generator is not None and generator.device.type != p.device.type:
-                raise DPSGDError(
-                    f"the noise generator is on {generator.device} but the parameters are on "
-                    f"{p.device}; create it with torch.Generator(device=...)"
-                )
+        engine.check_generator()
 
     def _setup_items(self) -> list[tuple[str, int]]:
         engine = self.engine
@@ -420,12 +414,7 @@ class DistributedDPSGD:
             scale = 1.0 / engine.expected_batch_size
             for name, p in engine.params.items():
                 p.grad = sums[name].mul_(scale)
-            engine.steps += 1
-            event = engine.step_event
-            if event is None:
-                engine.unbounded_steps += 1
-            else:
-                engine.ledger.record(event)
+            engine.record_step()
         engine.optimizer.step()
         engine.optimizer.zero_grad()
         loss_sum = sum(_float(row[6]) for row in rows)

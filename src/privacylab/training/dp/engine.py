@@ -335,8 +335,7 @@ class DPSGD:
         ``zero_grad`` lets go of it), so a step allocates no gradient-sized memory: keep a copy,
         not a reference, of ``.grad`` across steps.
         """
-        for p in self.params.values():
-            self._check_generator(p)
+        self.check_generator()
         watched = bool(self._step_hooks)
         noise: dict[str, Tensor] = {}
 
@@ -360,12 +359,7 @@ class DPSGD:
                     p.grad = (total + noise[name]).mul_(scale)
                 else:
                     p.grad = total.mul_(scale)
-            self.steps += 1
-            event = self.step_event
-            if event is None:
-                self.unbounded_steps += 1
-            else:
-                self.ledger.record(event)
+            self.record_step()
             if watched:
                 info = StepInfo(self.steps, batch.grad_sum, noise, batch.batch_size, batch.norms)
                 for hook in list(self._step_hooks.values()):
@@ -391,10 +385,24 @@ class DPSGD:
             ) from None
         return tensor.to(p.dtype) if tensor.is_floating_point() else tensor
 
-    def _check_generator(self, p: Tensor) -> None:
+    def record_step(self) -> None:
+        """Count one released step and record its privacy event in the ledger (or count it as
+        unbounded when σ = 0); :meth:`step` calls it once the noisy gradient is written."""
+        self.steps += 1
+        event = self.step_event
+        if event is None:
+            self.unbounded_steps += 1
+        else:
+            self.ledger.record(event)
+
+    def check_generator(self) -> None:
+        """DPSGDError unless the noise generator is on the parameters' device type."""
         generator = self.mechanism.generator
-        if generator is not None and generator.device.type != p.device.type:
-            raise DPSGDError(
-                f"the noise generator is on {generator.device} but the parameters are on "
-                f"{p.device}; create it with torch.Generator(device=...)"
-            )
+        if generator is None:
+            return
+        for p in self.params.values():
+            if generator.device.type != p.device.type:
+                raise DPSGDError(
+                    f"the noise generator is on {generator.device} but the parameters are on "
+                    f"{p.device}; create it with torch.Generator(device=...)"
+                )
