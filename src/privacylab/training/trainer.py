@@ -310,6 +310,10 @@ def _evaluate(
     return loss / len(y), (correct / total if scored and total else None)
 
 
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+
+
 def _check_model_output(
     body: nn.Module,
     inputs: tuple[Tensor, ...],
@@ -318,16 +322,18 @@ def _check_model_output(
     private: bool,
 ) -> None:
     """Run the model on two examples (evaluation mode, no gradient) and check that the loss can
-    take its outputs: class indices within the outputs for cross-entropy, and, under DP, a loss
-    that returns one value per example (each example's gradient is clipped on its own)."""
+    take its outputs: class indices (already checked by `check_class_labels`) within the outputs
+    for cross-entropy, and, under DP, a loss that returns one value per example (each example's
+    gradient is clipped on its own)."""
     with torch.no_grad():
         body.eval()
         try:
             out = body(*(t[:2] for t in inputs))
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
             shapes = ", ".join(str(tuple(t.shape[1:])) for t in inputs)
-            raise TrainingError(f"the model fails on examples of shape {shapes}: {first}") from None
+            raise TrainingError(
+                f"the model fails on examples of shape {shapes}: {_first_line(error)}"
+            ) from None
         target = y[:2]
         if loss_fn is None:
             if not isinstance(out, Tensor) or out.dim() != 2:
@@ -336,14 +342,14 @@ def _check_model_output(
                     f"the default loss (cross-entropy) needs (batch, classes) outputs, got "
                     f"{shape}; pass loss_fn= for other outputs"
                 )
-            check_class_labels(y)
             check_label_range(y, out.shape[1])
             return
         try:
             losses = loss_fn(out, target)
         except (RuntimeError, ValueError, TypeError, IndexError) as error:
-            first = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-            raise TrainingError(f"loss_fn fails on the model's outputs: {first}") from None
+            raise TrainingError(
+                f"loss_fn fails on the model's outputs: {_first_line(error)}"
+            ) from None
         if not isinstance(losses, Tensor):
             raise TrainingError(f"loss_fn must return a tensor, got {type(losses).__name__}")
         if private and tuple(losses.shape) != (len(target),):
@@ -457,7 +463,14 @@ def train(
     single = len(data.inputs) == 1
     cache = single and not config.augmentation
     prefix, body = _frozen_prefix(model) if cache else (nn.Identity(), model)
-    x_train = (_transform(prefix, data.inputs[0], device),) if single else data.to(device).inputs
+
+    def placed(inputs: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        """The inputs on `device`, a single one through the cached prefix."""
+        if single:
+            return (_transform(prefix, inputs[0], device),)
+        return tuple(t.to(device) for t in inputs)
+
+    x_train = placed(data.inputs)
     y_train = data.targets.to(device)
     x_eval: tuple[Tensor, ...] | None = None
     y_eval: Tensor | None = None
@@ -467,11 +480,7 @@ def train(
                 f"the evaluation data has {len(held_out.inputs)} inputs per example but the "
                 f"training data has {len(data.inputs)}"
             )
-        x_eval = (
-            (_transform(prefix, held_out.inputs[0], device),)
-            if single
-            else held_out.to(device).inputs
-        )
+        x_eval = placed(held_out.inputs)
         y_eval = held_out.targets.to(device)
     _check_model_output(body, x_train, y_train, loss_fn, privacy is not None)
     if loss_fn is None and y_eval is not None and x_eval is not None:
