@@ -52,8 +52,8 @@ def train_job(
     net = build_model(model, members.input_shape, members.num_classes, seed=config.seed, **options)
     if config.privacy is not None:
         findings = validate(net)
-        for finding in findings:
-            if notes is not None:
+        if notes is not None:
+            for finding in findings:
                 notes(finding.line())
         blocking = [f for f in findings if f.blocking]
         if fix and findings:
