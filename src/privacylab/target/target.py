@@ -127,6 +127,21 @@ class Target:
         view._queries = 0
         return view
 
+    def with_output_defense(self, defense: OutputDefense, serves: Access | str) -> Target:
+        """A view of the same model whose probability vectors pass through `defense` (after
+        any output defence this target already has), served at `serves` or at this target's
+        own level if lower. White-box targets cannot be defended this way (AccessError): the
+        attacker would read the model itself."""
+        if self.access is Access.WHITEBOX:
+            raise AccessError(
+                "an output defence cannot defend a white-box target: narrow it to scores first"
+            )
+        serves = Access.parse(serves)
+        view = self.with_access(serves if self.access.allows(serves) else self.access)
+        inner = self.output_defense
+        view.output_defense = defense if inner is None else _Composed(inner, defense)
+        return view
+
     def require(self, needed: Access | str) -> None:
         """Raise AccessError unless the declared access allows `needed`."""
         needed = Access.parse(needed)
@@ -224,6 +239,16 @@ class Target:
             raise AccessError("the target's output defence hides its logits")
         raw = self._raw(x)
         return raw if self.outputs == "logits" else raw.clamp_min(1e-45).log()
+
+
+class _Composed:
+    """Two output defences applied in turn (first `inner`, then `outer`)."""
+
+    def __init__(self, inner: OutputDefense, outer: OutputDefense) -> None:
+        self.inner, self.outer = inner, outer
+
+    def __call__(self, probs: Tensor) -> Tensor:
+        return self.outer(self.inner(probs))
 
 
 class _CountingModule(nn.Module):

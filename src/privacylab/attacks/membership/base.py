@@ -30,6 +30,7 @@ from privacylab.attacks.core import Attack, ThreatModel, execute
 from privacylab.attacks.membership.result import AttackError, MembershipResult
 from privacylab.registry import Registry
 from privacylab.target import Access, Outputs, Target
+from privacylab.target.target import OutputDefense
 
 SIDE_INFORMATION = ("population", "references")
 """The parts of a `MembershipTask` an attack may declare it uses beyond the candidates."""
@@ -59,6 +60,11 @@ class MembershipTask:
     references_return: Outputs = "logits"
     """What the reference models return, "logits" or "probabilities" (as `Target`'s
     `outputs`)."""
+    reference_defense: OutputDefense | None = None
+    """The output defence the attacker knows the target applies (Kerckhoffs): the references
+    are queried through it too (`reference_targets`), so calibrations see what the target
+    shows. Part of the task's key in `reference_outputs`: a task with another defence needs
+    its own cache."""
 
     def __post_init__(self) -> None:
         self.y = torch.as_tensor(self.y, dtype=torch.int64)
@@ -105,6 +111,7 @@ class MembershipTask:
             self.references,
             keep,
             references_return=self.references_return,
+            reference_defense=self.reference_defense,
         )
 
     def restricted_to(self, side_information: Iterable[str]) -> MembershipTask:
@@ -135,6 +142,7 @@ class MembershipTask:
             references,
             keep,
             references_return=self.references_return,
+            reference_defense=self.reference_defense,
         )
         if not drop_population:
             task.reference_outputs = self.reference_outputs
@@ -153,7 +161,13 @@ class MembershipTask:
     def reference_targets(self, access: Access | str) -> list[Target]:
         """The references behind `access`, for attacks that calibrate on them as on the target."""
         return [
-            Target(m, access, self.num_classes, outputs=self.references_return)
+            Target(
+                m,
+                access,
+                self.num_classes,
+                outputs=self.references_return,
+                output_defense=self.reference_defense,
+            )
             for m in self.references
         ]
 

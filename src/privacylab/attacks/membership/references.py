@@ -41,16 +41,24 @@ class Recipe:
     train: dict[str, Any]
     model_options: dict[str, Any] = field(default_factory=dict)
     root: str | None = None
+    defense: str | None = None
+    """The canonical spec of the training-time defence the model is trained under
+    (`privacylab.defenses`), or None; the attacker who knows the recipe trains its references
+    with it too."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (also what the store key hashes)."""
-        return {
+        """JSON form (also what the store key hashes; `defense` only when set, so undefended
+        recipes keep their keys)."""
+        out = {
             "dataset": self.dataset,
             "model": self.model,
             "train": self.train,
             "model_options": self.model_options,
             "root": self.root,
         }
+        if self.defense is not None:
+            out["defense"] = self.defense
+        return out
 
 
 def reference_keep(count: int, universe: int, train_size: int, seed: int) -> np.ndarray:
@@ -174,24 +182,31 @@ def train_references(
     seed: int = 0,
     on_done: Callable[[str, dict[str, Any], bool], None] | None = None,
     train_fn: TrainFn | None = None,
+    worker: Callable[[dict[str, Any]], dict[str, Any]] = train_one,
+    loader: Callable[[str], nn.Module] | None = None,
+    job_extra: dict[str, Any] | None = None,
 ) -> ReferencePool:
     """Train (or load) `count` references on subsets of the dataset rows `universe`, each of
     about `train_size` rows, keyed in `store` by the recipe, the universe and the seed.
 
     `train_fn(model, x, y)`, when given, trains each reference instead of the project's trainer
     (a module-level function, so worker processes can import it); the recipe's `train` entry
-    should then name it (e.g. `{"train_fn": "pkg.module:fit"}`), as it keys the store."""
+    should then name it (e.g. `{"train_fn": "pkg.module:fit"}`), as it keys the store.
+    `worker(job)` trains one reference (default `train_one`; a defence's trainer for recipes
+    with a `defense`), `loader(folder)` loads a trained one (default: `load_model`), and
+    `job_extra` is merged into every job (e.g. the rows of the attacker's own holdout data)."""
     universe = np.asarray(universe, dtype=np.int64)
     keep = reference_keep(count, len(universe), train_size, seed)
-    pool_key = config_key(
-        {
-            "recipe": recipe.to_dict(),
-            "universe": config_key({"rows": universe.tolist()}),
-            "count": count,
-            "train_size": train_size,
-            "seed": seed,
-        }
-    )[:16]
+    identity: dict[str, Any] = {
+        "recipe": recipe.to_dict(),
+        "universe": config_key({"rows": universe.tolist()}),
+        "count": count,
+        "train_size": train_size,
+        "seed": seed,
+    }
+    if job_extra:
+        identity["extra"] = config_key(job_extra)
+    pool_key = config_key(identity)[:16]
     root = Path(folder) / pool_key
     jobs = {
         f"{pool_key}/{j}": {
@@ -200,12 +215,15 @@ def train_references(
             "seed": 1000 + seed * 1000 + j,
             "folder": str(root / f"ref-{j:03d}"),
             "train_fn": train_fn,
+            **(job_extra or {}),
         }
         for j in range(count)
     }
     results = durable_map(
-        train_one, jobs, store, NAMESPACE, executor or SerialExecutor(), on_done=on_done
+        worker, jobs, store, NAMESPACE, executor or SerialExecutor(), on_done=on_done
     )
     records = [results[f"{pool_key}/{j}"] for j in range(count)]
-    models = [load_model(r["folder"])[0] for r in records]
+    models = [
+        loader(r["folder"]) if loader is not None else load_model(r["folder"])[0] for r in records
+    ]
     return ReferencePool(models=models, keep=keep, universe=universe, records=records)

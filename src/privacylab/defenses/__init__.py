@@ -1,0 +1,47 @@
+"""Defences against membership inference: output post-processors and training-time defences,
+one small module each behind `OutputDefense` / `TrainingDefense` (`privacylab.defenses.base`).
+
+Every module of `privacylab.defenses.output` and `privacylab.defenses.training` is imported
+here, so a defence registered with `@register_defense` in a new file there joins
+`defense_names()`, `parse_defense`, the CLI and the contract tests with no other edit.
+"""
+
+from privacylab.attacks.membership import discover
+from privacylab.defenses.base import (
+    DEFENSES,
+    Defense,
+    DefenseData,
+    DefenseError,
+    Fitted,
+    ModelBuilder,
+    NoDefense,
+    OutputDefense,
+    Parameter,
+    TrainingDefense,
+    defense_names,
+    make_defense,
+    parse_defense,
+    parse_defenses,
+    register_defense,
+)
+
+discover("privacylab.defenses.output")
+discover("privacylab.defenses.training")
+
+__all__ = [
+    "DEFENSES",
+    "Defense",
+    "DefenseData",
+    "DefenseError",
+    "Fitted",
+    "ModelBuilder",
+    "NoDefense",
+    "OutputDefense",
+    "Parameter",
+    "TrainingDefense",
+    "defense_names",
+    "make_defense",
+    "parse_defense",
+    "parse_defenses",
+    "register_defense",
+]

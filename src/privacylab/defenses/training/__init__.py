@@ -1,0 +1,2 @@
+"""Training-time defences: one module per defence, each registered with `@register_defense`;
+every module here is imported by `privacylab.defenses`."""
