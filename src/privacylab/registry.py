@@ -14,14 +14,17 @@ nothing else of ours, so every package, `accounting` included, may use it.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Iterator, Mapping
+from types import ModuleType
 from typing import Any, Generic, TypeVar, overload
 
 from privacylab.errors import PrivacylabError
 
 T = TypeVar("T")
 
-__all__ = ["Registry", "RegistryError", "normalise_name"]
+__all__ = ["Registry", "RegistryError", "discover", "normalise_name"]
 
 
 class RegistryError(PrivacylabError, ValueError):
@@ -143,3 +146,14 @@ class Registry(Mapping[str, T], Generic[T]):
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, {self.names()!r})"
+
+
+def discover(package: str) -> list[ModuleType]:
+    """Import every module of `package` (by dotted name) whose name does not start with "_",
+    so that what they define registers itself; returns the modules, in name order."""
+    root = importlib.import_module(package)
+    return [
+        importlib.import_module(f"{package}.{info.name}")
+        for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda i: i.name)
+        if not info.name.startswith("_")
+    ]

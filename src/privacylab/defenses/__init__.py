@@ -6,7 +6,6 @@ here, so a defence registered with `@register_defense` in a new file there joins
 `defense_names()`, `parse_defense`, the CLI and the contract tests with no other edit.
 """
 
-from privacylab.attacks.membership import discover
 from privacylab.defenses.base import (
     DEFENSES,
     Defense,
@@ -24,6 +23,7 @@ from privacylab.defenses.base import (
     parse_defenses,
     register_defense,
 )
+from privacylab.registry import discover
 
 discover("privacylab.defenses.output")
 discover("privacylab.defenses.training")

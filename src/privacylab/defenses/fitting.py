@@ -12,6 +12,7 @@ them back — an ensemble as well as a single network.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from privacylab.attacks.membership.references import _dataset
+from privacylab.data import Dataset, load_dataset
 from privacylab.defenses.base import DefenseData, DefenseError, TrainingDefense, parse_defense
 from privacylab.models import ModelSpec, build_model
 from privacylab.training import TrainConfig
@@ -36,6 +37,11 @@ def training_defense(spec: str) -> TrainingDefense:
     if not isinstance(defense, TrainingDefense):
         raise DefenseError(f"{defense.label} is not a training-time defence")
     return defense
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(name: str, root: str | None) -> Dataset:
+    return load_dataset(name, root)
 
 
 def _rows(job: dict[str, Any], key: str) -> np.ndarray | None:

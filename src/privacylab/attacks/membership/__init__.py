@@ -5,10 +5,6 @@ Every module of this package is imported on import (`discover`), so an attack re
 sets `in_default_suite = False` — the default suite of `privacylab run`, with no other edit.
 """
 
-import importlib
-import pkgutil
-from types import ModuleType
-
 from privacylab.attacks.membership.base import (
     ATTACKS,
     AttackScores,
@@ -25,18 +21,7 @@ from privacylab.attacks.membership.base import (
 )
 from privacylab.attacks.membership.references import reference_keep
 from privacylab.attacks.membership.result import AttackError, MembershipResult
-
-
-def discover(package: str) -> list[ModuleType]:
-    """Import every module of `package` (by dotted name), so that the attacks they define
-    register themselves; returns the modules, in name order."""
-    root = importlib.import_module(package)
-    return [
-        importlib.import_module(f"{package}.{info.name}")
-        for info in sorted(pkgutil.iter_modules(root.__path__), key=lambda i: i.name)
-        if not info.name.startswith("_")
-    ]
-
+from privacylab.registry import discover
 
 discover(__name__)
 
