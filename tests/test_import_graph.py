@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "report": 5,
     # 6: the main job; 7: bring-your-own-model entry points built on it
     "experiment": 6,
+    "defend": 6,
     "byo": 7,
     # 8: the command line; 9: `python -m privacylab`
     "cli": 8,
@@ -51,7 +52,9 @@ LAYERS: dict[str, int] = {
 errors <- registry, stats <- accounting <- mechanisms/data/models/execution <- target/training
 <- attacks/audit/defenses/report <- experiment <- byo <- cli <- __main__."""
 
-SAME_LAYER: dict[tuple[str, str], str] = {}
+SAME_LAYER: dict[tuple[str, str], str] = {
+    ("experiment", "defend"): "the main job's defence section is the defend job on its targets",
+}
 """Same-layer edges that are allowed, with why."""
 
 ONLY: dict[str, set[str]] = {

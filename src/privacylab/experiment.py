@@ -103,6 +103,12 @@ class RunConfig:
     seed: int = 0
     root: str | None = None
     device: str = "cpu"
+    defenses: tuple[str, ...] = ()
+    """Defences evaluated on the non-private target (the report's defence section; see
+    `privacylab.defend`); the CLI's default is `defend.RUN_DEFENSES`, output defences that
+    train nothing."""
+    max_tpr: float | None = None
+    """The defence section's release gate on TPR at 0.1% FPR (None: no gate)."""
 
     @classmethod
     def quick(cls, **overrides: Any) -> RunConfig:
@@ -192,7 +198,44 @@ class RunConfig:
                 f"{self.members} members and as many non-members need {2 * self.members} rows; "
                 f"dataset {self.dataset} has {data.size}"
             )
+        if self.defenses:
+            if not self.nonprivate:
+                raise AttackError("defences are evaluated on the non-private target: keep it")
+            self.defend_config(data.size).validate()
         return self
+
+    def defend_config(self, size: int) -> Any:
+        """The `privacylab.defend.DefendConfig` of this run's defence section: the run's
+        dataset, model, recipe, membership split and references (so its undefended target and
+        references are this run's non-private ones, shared through the store), the run's
+        attacks that need at most scores, and what rows are left as holdout pools."""
+        from privacylab.defend import DefendConfig
+
+        population = min(self.population, max(0, size - 2 * self.members))
+        left = size - 2 * self.members - population
+        attacks = tuple(a for a in self.attacks if not ATTACKS.get(a).access.allows("logits"))
+        return DefendConfig(
+            dataset=self.dataset,
+            model=self.model,
+            model_options=self.model_options,
+            defenses=self.defenses,
+            attacks=attacks,
+            references=self.references,
+            members=self.members,
+            population=population,
+            holdout=min(2000, left // 4),
+            epochs=self.epochs,
+            batch_size=self.batch_size,
+            lr=self.lr,
+            delta=self.delta,
+            subsample=self.subsample,
+            attack_options=self.attack_options,
+            max_tpr=self.max_tpr,
+            workers=self.workers,
+            seed=self.seed,
+            root=self.root,
+            device=self.device,
+        )
 
     def recipes(self) -> list[tuple[str, Recipe]]:
         """(target name, training recipe) for the non-private and each DP target."""
@@ -383,6 +426,7 @@ def run_experiment(
         target_verdict,
     )
 
+    games_given = games
     if games is None:
         config.validate()  # caller-made games come with a config its maker validated
     verdict_threshold = check_threshold(verdict_threshold)
@@ -475,6 +519,18 @@ def run_experiment(
             payload["targets"][-1], verdict_threshold
         )
     payload["audit"] = audit_epsilons(config, Path(cache) if cache else out / "cache", progress)
+    if config.defenses and games_given is None:
+        from privacylab.data.info import dataset_info
+        from privacylab.defend import evaluate_defenses
+
+        size = dataset_info(config.dataset, config.root).size
+        section, defense_images = evaluate_defenses(
+            config.defend_config(size),
+            Path(cache) if cache else out / "cache",
+            progress=progress,
+        )
+        payload["defenses"] = section
+        images.update(defense_images)
     if payload["targets"]:
         first = payload["targets"][0]
         payload["notes"].insert(

@@ -113,6 +113,22 @@ def run_command(
             "0.1% FPR (95% confidence over all attacks).",
         ),
     ] = 0.002,
+    defenses: Annotated[
+        str | None,
+        typer.Option(
+            "--defenses",
+            help="Defences evaluated on the non-private target, comma-separated (default: "
+            "none,topk:1,rounding:1,label-only; 'off' for no defence section).",
+        ),
+    ] = None,
+    max_tpr: Annotated[
+        float | None,
+        typer.Option(
+            "--max-tpr-at-0.1",
+            help="Defence release gate: a defended model passes when no attack finds more "
+            "than this fraction of members at 0.1% FPR.",
+        ),
+    ] = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Train a non-private and DP-SGD targets, attack each with the membership suite (metric,
@@ -149,6 +165,12 @@ def run_command(
             "device": device,
             "audits": tuple(a for a in audits.split(",") if a and audits != "none"),
         }
+        from privacylab.defend import RUN_DEFENSES
+
+        chosen = ",".join(RUN_DEFENSES) if defenses is None else defenses
+        if chosen.strip() != "off" and not no_nonprivate:
+            options["defenses"] = tuple(d for d in chosen.split(",") if d.strip())
+        options["max_tpr"] = max_tpr
         for name, value in (("references", references), ("members", members), ("epochs", epochs)):
             if value is not None:
                 options[name] = value

@@ -230,6 +230,8 @@ class OutputDefense(Defense):
     changes = ("outputs",)
     serves: ClassVar[Access] = Access.SCORES
     keeps_label: ClassVar[bool] = True
+    requires_holdout: ClassVar[bool] = False
+    """Whether `fit` needs the defender's holdout data (MemGuard's non-members)."""
 
     def fit(self, model: nn.Module, train_data: Dataset, extra: DefenseData) -> None:
         """Learn whatever the defence needs from the defender's model and data (default:
