@@ -1,10 +1,13 @@
-"""Top-k confidence masking (Shokri et al. 2017, Sec. VII "Mitigation": "restrict the
-prediction vector to top k classes").
+"""Top-k confidence masking (Shokri et al. 2017, Membership Inference Attacks Against Machine
+Learning Models, Sec. VII "Mitigation": "restrict the prediction vector to top k classes").
 
-Only the k largest probabilities are returned; the others are set to 0. The kept values are
-returned as they are (not renormalised), as in the paper and ART's `HighConfidence`-style
-post-processors, so the attacker sees exactly the model's top-k scores. Ties are broken by
-class index, so the arg-max is the model's own.
+Only the k largest probabilities of each row are returned; the others are set to 0. The kept
+values are returned as they are (not renormalised), as in the paper, so the attacker sees exactly
+the model's top-k scores. Ties are broken by class index (a stable descending sort), so the
+arg-max is the model's own (`torch.argmax` also picks the first of equal maxima).
+
+ART has no exact twin: its `HighConfidence(cutoff)` zeroes every score below a fixed cutoff,
+which may return more or fewer than k scores (none at all when the top score is below it).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from privacylab.defenses.base import OutputDefense, Parameter, register_defense
 
 @register_defense
 class TopK(OutputDefense):
-    """Keep the k highest probabilities of each row, zero the rest."""
+    """Keep the k highest probabilities of each row, zero the rest (Shokri et al. 2017,
+    Sec. VII)."""
 
     name = "topk"
     parameters: ClassVar[tuple[Parameter, ...]] = (
@@ -28,8 +32,8 @@ class TopK(OutputDefense):
     paper = "Shokri et al. 2017, Membership Inference Attacks Against ML Models, Sec. VII"
 
     def transform(self, probs: Tensor) -> Tensor:
-        """Rows with all but their k largest entries set to 0."""
+        """Rows with all but their k largest entries set to 0 (ties: lower class index kept)."""
         k = min(int(self.params["k"]), probs.shape[1])
-        top = probs.topk(k, dim=1).indices
+        top = probs.sort(dim=1, descending=True, stable=True).indices[:, :k]
         out = torch.zeros_like(probs)
         return out.scatter_(1, top, probs.gather(1, top))
