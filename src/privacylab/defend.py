@@ -61,6 +61,7 @@ from privacylab.data import Dataset, load_dataset, membership_split
 from privacylab.defenses import (
     Defense,
     DefenseData,
+    DefenseError,
     OutputDefense,
     TrainingDefense,
     parse_defenses,
@@ -548,7 +549,7 @@ def evaluate_defenses(
     progress: Progress | None = None,
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """Train, defend and attack: the payload's `defenses` object and its images."""
-    from privacylab.report.defenses import defense_frontier_figure, gate, pareto_set
+    from privacylab.report.defenses import annotate, defense_frontier_figure
 
     config.validate()
     defenses = config.parsed_defenses()
@@ -588,11 +589,8 @@ def evaluate_defenses(
             )
             store.put(EVALUATIONS, key, row)
             rows.append(row)
-    pareto = pareto_set(rows)
-    passing = gate(rows, config.max_tpr)
-    for row in rows:
-        row["pareto"] = row["defense"] in pareto
-        row["passes"] = None if config.max_tpr is None else row["defense"] in passing
+    frontier = annotate(rows, config.max_tpr)
+    rows = frontier["rows"]
     section = {
         "dataset": config.dataset,
         "model": config.model,
@@ -601,8 +599,8 @@ def evaluate_defenses(
         "max_tpr_at_01pct_fpr": config.max_tpr,
         "attacks": attacks,
         "rows": rows,
-        "pareto": list(pareto),
-        "passing": list(passing) if config.max_tpr is not None else [],
+        "pareto": frontier["pareto"],
+        "passing": frontier["passing"],
         "images": {"frontier": "defense_frontier.png"},
         "notes": [
             f"The target trains on {config.members} members of {config.dataset}; as many "

@@ -150,7 +150,11 @@ class Defense(ABC):
 
     @property
     def label(self) -> str:
-        """Short display name: the name and the non-default parameter values (`topk:1`)."""
+        """Short display name: the spec as the user wrote it (`l2:1e-3`, from `parse_defense`),
+        else the name and the non-default parameter values."""
+        written = getattr(self, "written", None)
+        if written:
+            return str(written)
         values = [
             _fmt(self.params[p.name]) for p in self.parameters if self.params[p.name] != p.default
         ]
@@ -397,7 +401,9 @@ def parse_defense(spec: str) -> Defense:
         if key in params:
             raise DefenseError(f"{spec!r}: parameter {key!r} given twice")
         params[key] = text.strip()
-    return cls(**params)
+    defense = cls(**params)
+    defense.written = ":".join([cls.name, *values])
+    return defense
 
 
 def parse_defenses(specs: str | Iterable[str]) -> list[Defense]:
