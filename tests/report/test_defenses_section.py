@@ -297,7 +297,8 @@ def test_section_escapes_and_states_the_gate(tmp_path: Path) -> None:
     assert "lira-defended (adaptive)" in table and "8.000" in table  # certified ε of dp:8
     # one expandable detail per defence, every attack, the adaptive one marked
     assert html.count("<details") == len(rows)
-    assert html.count("✓ adaptive") == sum(1 for r in rows if r["adaptive_attacks"]) + 2
+    assert html.count("✓ adaptive") == sum(1 for r in rows if r["adaptive_attacks"]) == 10
+    assert html.count("✓ nothing to adapt to") == 2  # the undefended model's two attacks
     assert 'src="defense_frontier.png"' not in html  # the file is absent here
     assert "defense_frontier.png is missing" in html
     # without a threshold

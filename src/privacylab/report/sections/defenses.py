@@ -134,7 +134,7 @@ def _text_cell(text: str, sort: str | None = None, klass: str = "", title: str =
 def _defense_row(row: Mapping[str, Any], on_front: bool, threshold: float | None) -> str:
     best = best_attack(row) or {}
     attack = best.get("attack")
-    adaptive = best.get("adaptive") is True or (row.get("kind") == "none" and attack is not None)
+    adaptive = best.get("adaptive") is True and row.get("kind") != "none"
     passes, why = gate_decision(row, threshold)
     top_auc = row.get("best_auc")
     auc_by = top_auc.get("attack") if isinstance(top_auc, Mapping) else None
@@ -212,6 +212,8 @@ def attack_detail_table(row: Mapping[str, Any]) -> str:
             value = attack.get(key)
             if key == "adaptive":
                 text = "✓ adaptive" if adaptive else "no"
+                if row.get("kind") == "none":
+                    text = "✓ nothing to adapt to"
                 cells.append(_text_cell(text, sort="1" if adaptive else "0"))
             elif key in _TEXT:
                 cells.append(_text_cell(MISSING if value is None else str(value)))
