@@ -27,6 +27,7 @@ from privacylab.report.defenses import (
     gate_decision,
     pareto_indices,
     pareto_set,
+    point_kind,
 )
 from privacylab.report.html import render_html, write_report
 from privacylab.report.sections import sections
@@ -228,6 +229,14 @@ def test_gate_needs_low_tpr_and_an_adaptive_attack() -> None:
 @pytest.fixture(scope="module")
 def frontier_png() -> bytes:
     return defense_frontier_figure(twelve(), 0.005)
+
+
+def test_point_kinds() -> None:
+    assert point_kind(row("dp:8", 0.5, 0.0, kind="training", name="dp")) == "dp"
+    assert point_kind({**row("x", 0.5, 0.0, kind="training"), "epsilon": 2.0}) == "dp"
+    assert point_kind({**row("x", 0.5, 0.0, kind="training"), "epsilon": math.inf}) == "training"
+    assert point_kind(row("none", 0.5, 0.0, kind="none")) == "none"
+    assert point_kind(row("topk:1", 0.5, 0.0)) == "output"
 
 
 def test_frontier_figure_is_a_png_for_one_and_twelve_rows(frontier_png: bytes) -> None:

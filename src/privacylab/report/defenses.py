@@ -225,7 +225,8 @@ def annotate(rows: Sequence[Mapping[str, Any]], threshold: float | None = None) 
 def point_kind(row: Mapping[str, Any]) -> str:
     """The marker family of a row: "dp" for DP-SGD (name "dp" or a certified ε), else its kind
     ("none", "output", "training"); unknown kinds draw as "training"."""
-    if row.get("name") == "dp" or number(row.get("epsilon")) is not None:
+    epsilon = number(row.get("epsilon"))
+    if row.get("name") == "dp" or (epsilon is not None and math.isfinite(epsilon)):
         return "dp"
     kind = str(row.get("kind", ""))
     return kind if kind in KIND_STYLE else "training"

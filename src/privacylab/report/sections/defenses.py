@@ -116,7 +116,10 @@ def _slug(index: int, name: str) -> str:
 
 def _num_cell(value: Any, text: str | None = None, title: str = "") -> str:
     x = number(value)
-    sort = "-Infinity" if x is None else ("Infinity" if math.isinf(x) and x > 0 else repr(x))
+    if x is None or math.isinf(x):
+        sort = "Infinity" if x is not None and x > 0 else "-Infinity"
+    else:
+        sort = repr(x)
     shown = fmt(value) if text is None else text
     attr = f' title="{e(title)}"' if title else ""
     return f'<td data-sort="{e(sort)}"{attr}>{e(shown)}</td>'
