@@ -4,13 +4,13 @@ d floating point digits").
 
 Every probability is rounded to the nearest multiple of 10^-d (half to even, as numpy's and
 ART's `Rounded`), so every entry moves by at most 0.5·10^-d. Rounding is monotone, so the
-model's arg-max is still a maximum of the rounded row, but it may tie with other classes (two
-classes at 0.46 and 0.44 both round to 0 at d = 0; at d = 1, 0.46 and 0.45 both to 0.5 or 0.4),
-and then the served label (the first maximum) could change. We keep the model's label: in a row
-whose rounded maximum is shared, the model's arg-max alone is lifted one step (10^-d) above the
-others, so it is the unique maximum. That entry then differs from the model's probability by at
-most 1.5·10^-d; every other entry, and every entry of a row without a tie, by at most
-0.5·10^-d. ART's `Rounded` does not do this (it returns the ties and the label may change).
+model's arg-max is still a maximum of the rounded row, but it may tie with other classes (0.47
+and 0.46 both round to 0.5 at d = 1 and to 0 at d = 0), and then the served label (the first
+maximum) could change. We keep the model's label: in a row whose rounded maximum is shared,
+the model's arg-max alone is lifted one step (10^-d) above the others, so it is the unique
+maximum. That entry then differs from the model's probability by at most 1.5·10^-d; every
+other entry, and every entry of a row without a tie, by at most 0.5·10^-d. ART's `Rounded`
+does not do this (it returns the ties and the label may change).
 """
 
 from __future__ import annotations
