@@ -442,6 +442,8 @@ def _evaluate(
                 progress(f"{defense.label}: attack {name}", i, len(plan))
             needs = ATTACKS.get(name).access
             if not target.access.allows(needs):
+                if any(r["attack"] == name for r in rows):
+                    continue
                 rows.append(
                     {
                         "attack": name,

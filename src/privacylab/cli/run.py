@@ -191,6 +191,10 @@ def run_command(
             _emit_json(payload)
             return
         _print_summary(payload)
+        if payload.get("defenses"):
+            from privacylab.cli.defend import print_defenses
+
+            print_defenses(payload["defenses"])
         _say(_stderr(), f"wrote {out / 'index.html'} and {out / 'results.json'}")
 
     def _run_own_model() -> None:
