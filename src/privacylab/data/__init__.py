@@ -1,11 +1,11 @@
 """Datasets by name, membership splits and canaries.
 
 `load_dataset(name, root)` returns a `Dataset`; embedded datasets (`mnist5k`, `digits`,
-`breast_cancer`) need no files, the others are read from released files under `root` and are never
-downloaded.
+`breast_cancer`, the simulated `purchase-like`) need no files, the others are read from released
+files under `root` and are never downloaded.
 """
 
-from privacylab.data import cifar, embedded, idx, tabular, text  # noqa: F401  (registers loaders)
+from privacylab.data import cifar, embedded, idx, purchase_like, tabular, text  # noqa: F401 (loaders)
 from privacylab.data.canaries import CANARY_KINDS, insert_canaries
 from privacylab.data.cifar import NumpyOnlyUnpickler, load_numpy_pickle
 from privacylab.data.dataset import Dataset, split_train_test, train_test_indices
