@@ -264,6 +264,8 @@ def test_early_stopping_stops_early_keeps_its_best_epoch_and_leaks_less(
     notes = fitted.notes
     assert notes["epochs_run"] < OVERFIT.epochs and "early stopping" in notes["stopped"]
     assert notes["best_epoch"] == notes["epochs_run"] - 3  # patience 3
+    gaps = np.array(notes["gaps"])
+    assert notes["gap"] == pytest.approx(gaps[notes["best_epoch"] - 1])
     holdout = DIGITS.subset(HOLDOUT)
     with torch.no_grad():
         kept = (fitted.model(holdout.features).argmax(1) == holdout.labels).float().mean()
@@ -286,10 +288,23 @@ def _record(epoch: int, train_acc: float, eval_acc: float) -> EpochRecord:
     return EpochRecord(epoch, 0.0, train_acc, 0.0, eval_acc)
 
 
+@pytest.mark.parametrize(("tradeoff", "best"), [(0.0, 3), (0.5, 2), (1.0, 2), (10.0, 1)])
+def test_gap_stopping_trades_holdout_accuracy_against_the_gap(tradeoff: float, best: int) -> None:
+    """Scores h − α·(t − h): α = 0 keeps the best holdout accuracy, a large α the smallest
+    gap."""
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    monitor = GapStopping(5, tradeoff)
+    for epoch, (t, h) in enumerate([(0.5, 0.45), (0.7, 0.6), (1.0, 0.65)], start=1):
+        state = TrainState(epoch, epoch, model, optimizer, record=_record(epoch, t, h))
+        monitor.on_epoch_end(state)
+    assert monitor.best_epoch == best
+
+
 def test_gap_stopping_keeps_the_best_epoch_and_survives_a_restart(tmp_path: Path) -> None:
     model = nn.Linear(2, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    monitor = GapStopping(2, tmp_path)
+    monitor = GapStopping(2, folder=tmp_path)
     history = [(0.5, 0.4), (0.8, 0.6), (0.9, 0.6), (1.0, 0.55)]
     saved = None
     for epoch in range(1, len(history) + 1):
@@ -307,13 +322,53 @@ def test_gap_stopping_keeps_the_best_epoch_and_survives_a_restart(tmp_path: Path
     assert monitor.best_epoch == 2 and monitor.best_gap == pytest.approx(0.2)
     assert monitor.gaps == pytest.approx([0.1, 0.2, 0.3, 0.45])
     assert (tmp_path / STATE_FILE).is_file()
-    again = GapStopping(2, tmp_path)
+    again = GapStopping(2, folder=tmp_path)
     assert again.best_epoch == 2 and again.waited == 2 and again.gaps == monitor.gaps
     assert saved is not None and again.best_state is not None
     torch.testing.assert_close(again.best_state["weight"], saved["weight"])
     replay = TrainState(4, 4, model, optimizer, record=_record(4, 1.0, 0.55))
     again.on_epoch_end(replay)  # an epoch already seen (a kill before the checkpoint) is not
     assert again.gaps == monitor.gaps and replay.stop_reason  # counted twice, and still stops
+
+
+class _KilledError(Exception):
+    pass
+
+
+class _KillAt:
+    """Raises after the epoch-end callbacks before it, i.e. before that epoch's checkpoint."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_epoch_end(self, state: TrainState) -> None:
+        if state.epoch == self.epoch:
+            raise _KilledError
+
+
+def test_early_stopping_resumes_a_killed_run_to_the_same_model(tmp_path: Path) -> None:
+    """Killed after the monitor saw epoch 3 but before the trainer's checkpoint of it: the
+    re-run replays epoch 3 and ends with the uninterrupted run's best epoch, gaps and weights."""
+    data, holdout = DIGITS.subset(MEMBERS), DIGITS.subset(HOLDOUT)
+    config = TrainConfig(epochs=8, batch_size=30, lr=0.1, seed=0)
+
+    def run(folder: Path, kill: int | None) -> tuple[GapStopping, nn.Module]:
+        monitor = GapStopping(2, folder=folder)
+        hooks: list[Any] = [monitor] + ([_KillAt(kill)] if kill else [])
+        result = train(
+            _mlp(0), data, config, eval_data=holdout, checkpoint_dir=folder, callbacks=hooks
+        )
+        return monitor, result.model
+
+    whole, _ = run(tmp_path / "whole", None)
+    with pytest.raises(_KilledError):
+        run(tmp_path / "killed", 3)
+    resumed, _ = run(tmp_path / "killed", None)
+    assert resumed.gaps == pytest.approx(whole.gaps) and len(resumed.gaps) == len(whole.gaps)
+    assert resumed.best_epoch == whole.best_epoch
+    assert resumed.best_state is not None and whole.best_state is not None
+    for key, value in whole.best_state.items():
+        torch.testing.assert_close(resumed.best_state[key], value)
 
 
 # --- dropout ----------------------------------------------------------------------------------
@@ -413,7 +468,9 @@ def test_stacking_members_learn_only_their_own_rows(tmp_path: Path) -> None:
     """Each member memorises the noisy labels of its own part and not of the others."""
     defense = parse_defense("stacking:2")
     assert isinstance(defense, Stacking)
-    fitted = defense.fit(_wide, NOISY, OVERFIT, DefenseData(), seed=5, folder=tmp_path)
+    fitted = defense.fit(
+        _wide, NOISY, replace(OVERFIT, epochs=12), DefenseData(), seed=5, folder=tmp_path
+    )
     parts = defense.parts(len(NOISY), 5)
     assert fitted.notes["member_sizes"] == [len(p) for p in parts] == [50, 50]
     members = fitted.model.members
