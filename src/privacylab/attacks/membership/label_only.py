@@ -98,7 +98,9 @@ def _check_task(task: MembershipTask, attack: str) -> None:
 CALIBRATION_REFERENCES = 8
 FLIP_PROBABILITY = 0.01
 """Default bit-flip probability of the noise attack on 0/1 features: about 6 of Purchase's
-600 features per copy. Our choice (the seed states no value); tune it on reference models."""
+600 features per copy. Our choice (the seed states no value), the best of 0.005/0.01/0.02/0.05
+on the purchase-like MLP of `privacylab.data.purchase_like` (N = 20 copies: AUC 0.763 / 0.776 /
+0.773 / 0.753; Gaussian σ = 0.3 clipped to [0, 1]: 0.704; loss attack: 0.772)."""
 CALIBRATION_ROWS = 2000
 
 
