@@ -18,6 +18,7 @@ JSON sidecar) in `member-<i>/`; nothing is pickled.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -103,7 +104,7 @@ class Stacking(TrainingDefense):
         parts = self.parts(len(data), seed)
         for i, rows in enumerate(parts):
             derived = member_seed(seed, i)
-            member_config = TrainConfig.from_dict({**config.to_dict(), "seed": derived})
+            member_config = replace(config, seed=derived)
             result = train(
                 build(derived),
                 data.subset(rows),
