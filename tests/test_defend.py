@@ -80,7 +80,7 @@ def test_rows_keep_the_contract(evaluated) -> None:
     _, section, images, _ = evaluated
     assert [r["defense"] for r in section["rows"]] == ["none", "topk:1", "label-only", "l2:1e-2"]
     for row in section["rows"]:
-        assert ROW_KEYS <= set(row), ROW_KEYS - set(row)
+        assert set(row) >= ROW_KEYS, ROW_KEYS - set(row)
         assert 0 <= row["test_accuracy"] <= 1
         assert row["best"]["tpr_at_01pct_fpr"] == max(
             a["tpr_at_01pct_fpr"] for a in row["attacks"] if "skipped" not in a
@@ -282,3 +282,13 @@ def test_run_defend_writes_the_report(evaluated, tmp_path: Path) -> None:
     assert payload["defenses"]["passing"] == [
         r["defense"] for r in payload["defenses"]["rows"] if r["passes"]
     ]
+
+
+def test_a_defence_the_model_cannot_take_is_refused_before_training(tmp_path: Path) -> None:
+    result = runner.invoke(
+        app,
+        ["defend", "--dataset", "digits", "--model", "logreg", "--defenses", "dropout:0.5",
+         "--out", str(tmp_path / "r")],
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "dropout" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -158,8 +158,9 @@ class DefendConfig:
             if isinstance(defense, OutputDefense):
                 defense.check_applies(access)
             if isinstance(defense, TrainingDefense):
-                defense.model_options(dict(self.model_options))
                 model_options(self.model)
+                defense.check_model(self.model)
+                defense.model_options(dict(self.model_options))
         attacks = self.chosen_attacks()
         if not attacks:
             raise AttackError("no attacks to run; name some with --attacks")

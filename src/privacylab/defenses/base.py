@@ -293,6 +293,10 @@ class TrainingDefense(Defense):
         """The model options under this defence (default: unchanged)."""
         return options
 
+    def check_model(self, model: str) -> None:
+        """DefenseError when the zoo model `model` cannot take this defence (default: any
+        model can); called before any training."""
+
     def regularizer(self, data: Dataset, extra: DefenseData, seed: int) -> Regularizer | None:
         """A per-example loss term for the trainer (default: none)."""
         return None
