@@ -1,0 +1,134 @@
+"""Adversarial regularisation (Nasr et al. 2018): the inference model's gain falls and a loss
+attack weakens against λ = 0, at accuracy well above chance; λ = 0 is plain training; a killed
+run resumes to the same weights; bad parameters are one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from sklearn.metrics import roc_auc_score
+
+from privacylab.data import Dataset
+from privacylab.defenses import DefenseData, DefenseError, parse_defense
+from privacylab.defenses.base import accuracy
+from privacylab.defenses.training import advreg as advreg_module
+from privacylab.defenses.training.advreg import AdvReg, InferenceModel
+from privacylab.models import build_model
+from privacylab.training import PrivacyConfig, TrainConfig, train
+
+CLASSES, DIM = 20, 60
+CONFIG = TrainConfig(epochs=30, batch_size=80, lr=0.05)
+
+
+def synthetic(n: int, seed: int = 0, flip: float = 0.3) -> Dataset:
+    """Purchase-style task: binary features, 20 class prototypes, each bit flipped w.p. 0.3."""
+    rng = np.random.default_rng(seed)
+    prototypes = rng.random((CLASSES, DIM)) < 0.5
+    labels = rng.integers(0, CLASSES, n)
+    features = prototypes[labels] ^ (rng.random((n, DIM)) < flip)
+    return Dataset(
+        "synthetic",
+        torch.tensor(features, dtype=torch.float32),
+        torch.tensor(labels),
+        CLASSES,
+        (DIM,),
+        "tabular",
+    )
+
+
+DATA = synthetic(1200)
+MEMBERS, HOLDOUT, TEST = (DATA.subset(np.arange(i, i + 400)) for i in (0, 400, 800))
+EXTRA = DefenseData(holdout=HOLDOUT)
+
+
+def build(seed: int) -> torch.nn.Module:
+    return build_model("mlp", (DIM,), CLASSES, seed=seed, widths=[64])
+
+
+def loss_auc(model: torch.nn.Module) -> float:
+    """AUC of the loss attack (Yeom et al. 2018): members have the lower loss."""
+    with torch.no_grad():
+        losses = [
+            F.cross_entropy(model(d.features), d.labels, reduction="none") for d in (MEMBERS, TEST)
+        ]
+    truth = np.r_[np.ones(len(MEMBERS)), np.zeros(len(TEST))]
+    return float(roc_auc_score(truth, -torch.cat(losses).numpy()))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[float, object]:
+    out = {}
+    for lam in (0.0, 3.0):
+        folder = tmp_path_factory.mktemp(f"advreg{lam:g}")
+        out[lam] = AdvReg(lam=lam).fit(build, MEMBERS, CONFIG, EXTRA, seed=0, folder=folder)
+    return out
+
+
+def test_lambda_zero_is_plain_training(runs: dict) -> None:
+    plain = train(build(0), MEMBERS, CONFIG, eval_data=HOLDOUT).model
+    for a, b in zip(
+        plain.state_dict().values(), runs[0.0].model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b)
+
+
+def test_inference_gain_falls(runs: dict) -> None:
+    free, defended = (np.array(runs[lam].notes["inference_accuracy"]) for lam in (0.0, 3.0))
+    assert len(free) == len(defended) == CONFIG.epochs
+    # Against the undefended classifier h learns to tell members apart as it overfits ...
+    assert free[-5:].mean() > free[:5].mean() + 0.1
+    # ... against the defended one it gains markedly less.
+    assert defended[-5:].mean() < free[-5:].mean() - 0.04
+
+
+def test_loss_attack_weaker_accuracy_above_chance(runs: dict) -> None:
+    free, defended = runs[0.0].model, runs[3.0].model
+    assert loss_auc(defended) < loss_auc(free) - 0.03
+    assert accuracy(defended, TEST) > 0.35  # chance is 0.05
+    assert runs[3.0].train_accuracy < runs[0.0].train_accuracy
+
+
+def test_killed_run_resumes_to_same_weights(tmp_path: Path, monkeypatch) -> None:
+    config = TrainConfig(epochs=4, batch_size=100, lr=0.05)
+    defense = AdvReg(lam=3, warmup=1)
+    whole = defense.fit(build, MEMBERS, config, EXTRA, seed=1, folder=tmp_path / "whole").model
+    original = advreg_module.AdversarialGame.on_epoch_end
+
+    def killed(self, state) -> None:  # dies after h's save, before the trainer's (epoch 2)
+        original(self, state)
+        if state.epoch == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(advreg_module.AdversarialGame, "on_epoch_end", killed)
+    with pytest.raises(KeyboardInterrupt):
+        defense.fit(build, MEMBERS, config, EXTRA, seed=1, folder=tmp_path / "killed")
+    monkeypatch.setattr(advreg_module.AdversarialGame, "on_epoch_end", original)
+    resumed = defense.fit(build, MEMBERS, config, EXTRA, seed=1, folder=tmp_path / "killed")
+    for a, b in zip(whole.state_dict().values(), resumed.model.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert len(resumed.notes["inference_accuracy"]) == config.epochs
+
+
+def test_inference_model_shape() -> None:
+    h = InferenceModel(CLASSES)
+    probs = torch.softmax(torch.randn(7, CLASSES), 1)
+    assert h(probs, torch.arange(7)).shape == (7,)
+    assert h.predictions[0].out_features == 1024 and h.labels[0].out_features == 128
+
+
+def test_spec_and_bad_input(tmp_path: Path) -> None:
+    assert parse_defense("advreg:3").params["lam"] == 3.0
+    assert parse_defense("advreg:1:k=2").params["k"] == 2
+    for spec in ("advreg:-1", "advreg:3:k=0", "advreg:nan", "advreg:penalty=sq"):
+        with pytest.raises(DefenseError) as error:
+            parse_defense(spec)
+        assert "\n" not in str(error.value)
+    with pytest.raises(DefenseError, match="holdout"):
+        AdvReg().fit(build, MEMBERS, CONFIG, DefenseData(), seed=0, folder=tmp_path)
+    private = TrainConfig(epochs=1, privacy=PrivacyConfig(epsilon=8.0))
+    with pytest.raises(DefenseError, match="DP-SGD"):
+        AdvReg().fit(build, MEMBERS, private, EXTRA, seed=0, folder=tmp_path)
