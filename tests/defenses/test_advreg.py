@@ -132,3 +132,37 @@ def test_spec_and_bad_input(tmp_path: Path) -> None:
     private = TrainConfig(epochs=1, privacy=PrivacyConfig(epsilon=8.0))
     with pytest.raises(DefenseError, match="DP-SGD"):
         AdvReg().fit(build, MEMBERS, private, EXTRA, seed=0, folder=tmp_path)
+
+
+def test_train_defended_round_trip(tmp_path: Path) -> None:
+    from privacylab.attacks.membership.references import Recipe
+    from privacylab.data import load_dataset
+    from privacylab.defenses.fitting import load_defended, train_defended
+
+    config = TrainConfig(epochs=2, batch_size=100, lr=0.05)
+    recipe = Recipe("digits", "mlp", config.to_dict(), {"widths": [16]}, defense="advreg:1")
+    rows = np.random.default_rng(0).permutation(1797)
+    job = {
+        "recipe": recipe.to_dict(),
+        "indices": rows[:200].tolist(),
+        "holdout": rows[200:400].tolist(),
+        "public": None,
+        "seed": 2,
+        "folder": str(tmp_path / "model"),
+    }
+    record = train_defended(job)
+    assert record["defense"] == parse_defense("advreg:1").spec
+    assert len(record["notes"]["inference_accuracy"]) == 2
+    assert not (tmp_path / "model" / "checkpoint").exists()
+    digits = load_dataset("digits")
+    direct = AdvReg(lam=1).fit(
+        lambda seed: build_model("mlp", digits.input_shape, 10, seed=seed, widths=[16]),
+        digits.subset(rows[:200]),
+        TrainConfig(**{**config.to_dict(), "seed": 2}),
+        DefenseData(holdout=digits.subset(rows[200:400])),
+        seed=2,
+        folder=tmp_path / "direct",
+    )
+    loaded = load_defended(tmp_path / "model")
+    pairs = zip(loaded.state_dict().values(), direct.model.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)

@@ -289,3 +289,27 @@ def test_bad_parameters_are_one_line(tmp_path: Path) -> None:
         DMP().fit(build, MEMBERS, CONFIG, DefenseData(holdout=HOLDOUT), seed=0, folder=tmp_path)
     with pytest.raises(DefenseError, match="larger than the public pool"):
         DMP(size=401).fit(build, MEMBERS, CONFIG, EXTRA, seed=0, folder=tmp_path)
+
+
+def test_selena_killed_run_resumes_to_same_weights(tmp_path: Path, monkeypatch) -> None:
+    members = MEMBERS.subset(np.arange(120))
+    config = TrainConfig(epochs=2, batch_size=40, lr=0.05)
+    defense = SELENA(K=4, L=1)
+    whole = defense.fit(build, members, config, EXTRA, seed=5, folder=tmp_path / "whole")
+    real_train = selena_module.train
+    calls = []
+
+    def dies_on_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real_train(*args, **kwargs)
+
+    monkeypatch.setattr(selena_module, "train", dies_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        defense.fit(build, members, config, EXTRA, seed=5, folder=tmp_path / "killed")
+    monkeypatch.setattr(selena_module, "train", real_train)
+    assert (tmp_path / "killed" / "checkpoint" / "split-1").exists()
+    resumed = defense.fit(build, members, config, EXTRA, seed=5, folder=tmp_path / "killed")
+    assert same_weights(whole.model, resumed.model)
+    assert resumed.notes == whole.notes
