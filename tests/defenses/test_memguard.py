@@ -89,10 +89,7 @@ def scenario(one_thread: None) -> Scenario:
 
 
 def _with_budget(defense: MemGuard, budget: float) -> MemGuard:
-    """A view of a fitted defence at another budget (g and the Phase I memo are shared)."""
-    twin = MemGuard(**{**defense.params, "budget": budget})
-    twin.__dict__.update({k: v for k, v in defense.__dict__.items() if k != "params"})
-    return twin
+    return defense.with_budget(budget)
 
 
 # ------------------------------------------------------------------ Phase I and Phase II
@@ -189,6 +186,8 @@ def test_bad_input_is_one_line(scenario: Scenario) -> None:
         MemGuard().transform(scenario.probs)
     with pytest.raises(DefenseError, match="shape"):
         scenario.defense.transform(scenario.probs[:, :3])
+    with pytest.raises(DefenseError, match="NaN"):
+        scenario.defense.transform(torch.full_like(scenario.probs[:2], float("nan")))
     for spec in ("memguard:-0.1", "memguard:budget=nan", "memguard:step=0", "memguard:seed=1.5"):
         with pytest.raises(DefenseError) as caught:
             parse_defense(spec)

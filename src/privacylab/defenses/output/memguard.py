@@ -20,6 +20,12 @@ kept and the distortion is small. Two phases (paper Sec. 4):
   r = softmax(z + e) − s from Phase I, the answer is s + r with probability p = min(1, ε/||r||₁)
   and s otherwise, which maximises p (so minimises |E[g] − 0.5|) under E[d] = p·||r||₁ ≤ ε.
 
+Three additions of ours, none changing an answer: Phase I is memoised per row (an attack that
+asks the same examples again costs nothing); Phase II's coin is a keyed hash of the query (seed
+as the key), so an answer depends on the query alone, not on the batch or on earlier queries,
+and repeating a query cannot average the coin away; and a row that stops making progress for
+`patience` steps leaves its round early (the authors always spend `max_steps`).
+
 g follows the authors' code (jjy1994/MemGuard, `model_defense`): a 256-128-64 ReLU network with
 a sigmoid output on the confidence vector sorted in **descending** order (the authors sort
 ascending; the order only fixes the column layout), trained with binary cross-entropy. As in
@@ -253,12 +259,24 @@ class MemGuard(OutputDefense):
         probs = F.softmax(logits, dim=1).sort(dim=1, descending=True).values
         return g((probs - self._shift) / self._scale).squeeze(1)
 
+    def with_budget(self, budget: float) -> MemGuard:
+        """This fitted defence at another budget ε: g and the memoised Phase I answers are
+        shared (Phase I does not depend on ε), so a budget sweep fits and optimises once."""
+        twin = type(self)(**{**self.params, "budget": budget})
+        twin.classifier, twin.num_classes, twin.notes = (
+            self.classifier,
+            self.num_classes,
+            self.notes,
+        )
+        twin._shift, twin._scale, twin._memo = self._shift, self._scale, self._memo
+        return twin
+
     def membership_probability(self, probs: Tensor) -> Tensor:
         """g's output (probability of "member") on probability rows `probs` (n, classes)."""
         g = self._require_fit(probs)
         with torch.no_grad():
             sorted_probs = probs.float().sort(dim=1, descending=True).values
-            x = ((sorted_probs) - self._shift) / self._scale
+            x = (sorted_probs - self._shift) / self._scale
             return torch.sigmoid(g(x).squeeze(1))
 
     def _require_fit(self, probs: Tensor) -> nn.Sequential:
@@ -269,6 +287,8 @@ class MemGuard(OutputDefense):
                 f"{self.label}: expected probability rows of shape (n, {self.num_classes}), "
                 f"got {tuple(probs.shape)}"
             )
+        if not bool(torch.isfinite(probs).all()):
+            raise DefenseError(f"{self.label}: the probability rows hold NaN or infinite values")
         return self.classifier
 
     # ---------------------------------------------------------------- Phase I
