@@ -6,6 +6,7 @@ accuracy floor; both go through the durable job and load back."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,16 @@ def synthetic(n: int, seed: int = 0, flip: float = 0.3) -> Dataset:
 DATA = synthetic(1600)
 MEMBERS, HOLDOUT, TEST, PUBLIC = (DATA.subset(np.arange(i, i + 400)) for i in range(0, 1600, 400))
 EXTRA = DefenseData(holdout=HOLDOUT, public=PUBLIC)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> Iterator[None]:
+    """Many small trainings: thread hand-offs cost more than they save (measured 3-5x slower
+    with 2 threads on a loaded 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def build(seed: int) -> nn.Module:
@@ -127,7 +138,11 @@ def test_select_reference_properties(n: int, data: st.DataObject) -> None:
 
 @pytest.fixture(scope="module")
 def teacher() -> nn.Module:
-    return train(build(0), MEMBERS, CONFIG).model
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model = train(build(0), MEMBERS, CONFIG).model
+    torch.set_num_threads(threads)
+    return model
 
 
 def test_dmp_student_never_reads_private_labels(teacher: nn.Module) -> None:
