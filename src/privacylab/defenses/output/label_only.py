@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import torch.nn.functional as F
+import torch
 from torch import Tensor
 
 from privacylab.defenses.base import OutputDefense, register_defense
@@ -28,4 +28,4 @@ class LabelOnly(OutputDefense):
 
     def transform(self, probs: Tensor) -> Tensor:
         """One-hot rows of the arg-max (first of equal maxima), in `probs`' dtype."""
-        return F.one_hot(probs.argmax(1), probs.shape[1]).to(probs.dtype)
+        return torch.zeros_like(probs).scatter_(1, probs.argmax(1, keepdim=True), 1.0)

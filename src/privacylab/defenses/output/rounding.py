@@ -38,10 +38,12 @@ class Rounding(OutputDefense):
         """Rows rounded to d decimals; in a row whose maximum is shared after rounding, the
         model's arg-max is raised by 10^-d."""
         d = int(self.params["d"])
-        step = 10.0**-d
         rounded = torch.round(probs.double(), decimals=d)
-        label = probs.argmax(1, keepdim=True)
         top = rounded.max(1, keepdim=True).values
-        tied = (rounded == top).sum(1, keepdim=True) > 1
-        lifted = rounded.gather(1, label) + step * tied
-        return rounded.scatter(1, label, lifted).to(probs.dtype)
+        tied = (rounded == top).sum(1) > 1
+        if bool(tied.any()):
+            label = probs[tied].argmax(1, keepdim=True)
+            rows = rounded[tied]
+            lifted = rows.gather(1, label) + 10.0**-d
+            rounded[tied] = rows.scatter(1, label, lifted)
+        return rounded.to(probs.dtype)

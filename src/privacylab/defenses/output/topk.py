@@ -4,7 +4,9 @@ Learning Models, Sec. VII "Mitigation": "restrict the prediction vector to top k
 Only the k largest probabilities of each row are returned; the others are set to 0. The kept
 values are returned as they are (not renormalised), as in the paper, so the attacker sees exactly
 the model's top-k scores. Ties are broken by class index (a stable descending sort), so the
-arg-max is the model's own (`torch.argmax` also picks the first of equal maxima).
+arg-max is the model's own (`torch.argmax` also picks the first of equal maxima). The k-th
+largest value is the threshold; only rows with more than k entries at or above it (ties at the
+threshold) are resolved class by class.
 
 ART has no exact twin: its `HighConfidence(cutoff)` zeroes every score below a fixed cutoff,
 which may return more or fewer than k scores (none at all when the top score is below it).
@@ -34,6 +36,15 @@ class TopK(OutputDefense):
     def transform(self, probs: Tensor) -> Tensor:
         """Rows with all but their k largest entries set to 0 (ties: lower class index kept)."""
         k = min(int(self.params["k"]), probs.shape[1])
-        top = probs.sort(dim=1, descending=True, stable=True).indices[:, :k]
-        out = torch.zeros_like(probs)
-        return out.scatter_(1, top, probs.gather(1, top))
+        if k == probs.shape[1]:
+            return probs.clone()
+        kth = probs.topk(k, dim=1).values[:, -1:]
+        keep = probs >= kth
+        crowded = keep.sum(1) > k
+        if bool(crowded.any()):
+            rows = keep[crowded]
+            above = probs[crowded] > kth[crowded]
+            room = k - above.sum(1, keepdim=True)
+            equal = rows & ~above
+            keep[crowded] = above | (equal & (equal.cumsum(1) <= room))
+        return torch.where(keep, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
