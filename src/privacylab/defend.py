@@ -343,6 +343,7 @@ def _train_models(
     defended = {}
     for (spec, _), key in zip(recipes.items(), jobs, strict=True):
         defended[spec] = (load_defended(done[key]["folder"]), done[key], key)
+    labels = {d.spec: d.label for d in training}
     defended_references = {}
     for spec, recipe in recipes.items():
         defended_references[spec] = train_references(
@@ -354,7 +355,7 @@ def _train_models(
             store=store,
             executor=executor,
             seed=config.seed,
-            on_done=_tick(progress, f"references with {spec}", config.references),
+            on_done=_tick(progress, f"references with {labels[spec]}", config.references),
             worker=train_defended,
             loader=load_defended,
             job_extra={
