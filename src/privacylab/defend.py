@@ -123,7 +123,16 @@ class DefendConfig:
     lr: float = 0.1
     delta: float = 1e-5
     subsample: int = 100
-    attack_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    attack_options: dict[str, dict[str, Any]] = field(
+        default_factory=lambda: {
+            "shadow": {"max_iter": 30},
+            "noise": {"n_samples": 20},
+            "boundary": {"max_queries": 1000},
+        }
+    )
+    """Lighter attack settings than `privacylab run`'s (every attack runs twice per defence):
+    30 boosting rounds per class for the shadow attack, 20 noisy copies, 1,000 boundary
+    queries."""
     access: str = "scores"
     max_tpr: float | None = None
     workers: int = 2

@@ -223,8 +223,13 @@ class Target:
         return self.output_defense(probs) if self.output_defense is not None else probs
 
     def labels(self, x: Tensor | np.ndarray) -> Tensor:
-        """Predicted labels (int64, shape (n,)); every access level may ask."""
-        return self._defended(self._raw(x)).argmax(1)
+        """Predicted labels (int64, shape (n,)); every access level may ask. An output defence
+        that declares `keeps_label = True` (it never moves a row's arg-max) is not computed
+        for labels: they are the model's own."""
+        raw = self._raw(x)
+        if getattr(self.output_defense, "keeps_label", False):
+            return self._probabilities(raw).argmax(1)
+        return self._defended(raw).argmax(1)
 
     def probabilities(self, x: Tensor | np.ndarray) -> Tensor:
         """Probability vectors (n, classes); needs scores access."""
@@ -246,6 +251,9 @@ class _Composed:
 
     def __init__(self, inner: OutputDefense, outer: OutputDefense) -> None:
         self.inner, self.outer = inner, outer
+        self.keeps_label = bool(
+            getattr(inner, "keeps_label", False) and getattr(outer, "keeps_label", False)
+        )
 
     def __call__(self, probs: Tensor) -> Tensor:
         return self.outer(self.inner(probs))

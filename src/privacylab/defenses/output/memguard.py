@@ -187,6 +187,7 @@ class MemGuard(OutputDefense):
         "Membership Inference Attacks via Adversarial Examples (CCS), Sec. 4, Algorithm 1"
     )
     serves: ClassVar[Access] = Access.SCORES
+    requires_holdout: ClassVar[bool] = True
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
