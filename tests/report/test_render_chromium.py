@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_defenses_section import defenses_payload, twelve
 from test_plots_html import make_payload
 
 from privacylab.report.html import write_report
@@ -130,12 +131,17 @@ def _render(
 
 
 def test_report_renders_without_errors(chromium: str, tmp_path: Path) -> None:
+    from privacylab.report.defenses import defense_frontier_figure
+
     images: dict[str, bytes] = {}
-    page = write_report(tmp_path / "report", make_payload(images, dp_bound=1.7), images)
+    payload = make_payload(images, dp_bound=1.7)
+    payload["defenses"] = defenses_payload(twelve(), 0.005)
+    images["defense_frontier.png"] = defense_frontier_figure(twelve(), 0.005)
+    page = write_report(tmp_path / "report", payload, images)
     probe, console = _render(chromium, page, tmp_path / "profile")
     assert probe["errors"] == []
     assert console == []
-    assert len(probe["images"]) == len(images) == 3
+    assert len(probe["images"]) == len(images) == 4
     for image in probe["images"]:
         assert image["loaded"] and image["width"] > 0, image
         assert image["alt"]

@@ -68,3 +68,37 @@ def test_output_defense_applies_and_hides_logits() -> None:
     assert set(probs.unique().tolist()) <= {0.0, 1.0}
     with pytest.raises(AccessError, match="hides its logits"):
         target.logits(torch.randn(1, 4))
+
+
+def test_labels_skip_a_label_keeping_output_defence() -> None:
+    import torch
+    from torch import nn
+
+    from privacylab.target import Target
+
+    class Counting:
+        keeps_label = True
+        calls = 0
+
+        def __call__(self, probs: torch.Tensor) -> torch.Tensor:
+            Counting.calls += 1
+            return probs
+
+    class Moving:
+        keeps_label = False
+
+        def __call__(self, probs: torch.Tensor) -> torch.Tensor:
+            return probs.flip(1)
+
+    model = nn.Linear(4, 3)
+    x = torch.randn(20, 4)
+    own = model(x).argmax(1)
+    kept = Target(model, "scores", 3, output_defense=Counting())
+    assert torch.equal(kept.labels(x), own) and Counting.calls == 0
+    kept.probabilities(x)
+    assert Counting.calls == 1
+    moved = Target(model, "scores", 3, output_defense=Moving())
+    assert torch.equal(moved.labels(x), 2 - own)
+    both = kept.with_output_defense(Moving(), "scores")
+    assert torch.equal(both.labels(x), 2 - own)
+    assert both.access.value == "scores" and both.queries == 20 and kept.queries == 60
