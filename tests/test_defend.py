@@ -171,8 +171,8 @@ def test_a_lost_evaluation_is_recomputed_alone(evaluated, monkeypatch) -> None:
 def test_attack_plan() -> None:
     names = ["loss", "gap"]
     assert attack_plan(parse_defense("none"), names) == [
-        ("loss", "defended", True),
-        ("gap", "defended", True),
+        ("loss", "plain", True),
+        ("gap", "plain", True),
     ]
     assert attack_plan(parse_defense("topk:1"), names) == [
         ("loss", "plain", False),

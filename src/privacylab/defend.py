@@ -417,7 +417,8 @@ def attack_plan(defense: Defense, attacks: Sequence[str]) -> list[tuple[str, str
     Attacks that calibrate on references run twice, non-adaptively and adaptively; those that
     do not run once and count as adaptive (nothing they use depends on knowing the defence).
     Label-only attacks against a label-keeping output defence see exactly what they would see
-    without it: they run once, adaptively."""
+    without it: they run once, adaptively. On the undefended model ("none") every attack runs
+    once, on the plain references, and counts as adaptive (there is nothing to adapt to)."""
     plan = []
     for name in attacks:
         label_only = ATTACKS.get(name).access is Access.LABEL
@@ -425,7 +426,9 @@ def attack_plan(defense: Defense, attacks: Sequence[str]) -> list[tuple[str, str
             keeps_view = False
         else:
             keeps_view = label_only and getattr(defense, "keeps_label", True)
-        if defense.kind == "none" or not _uses_references(name) or keeps_view:
+        if defense.kind == "none":
+            plan.append((name, "plain", True))
+        elif not _uses_references(name) or keeps_view:
             plan.append((name, "defended", True))
         else:
             plan.append((name, "plain", False))
