@@ -19,7 +19,9 @@ from test_plots_html import make_payload
 from privacylab.errors import PrivacylabError
 from privacylab.report.defenses import (
     FrontierError,
+    adaptively_attacked,
     annotate,
+    attack_is_adaptive,
     best_tpr,
     defense_frontier_figure,
     defense_frontier_plot,
@@ -31,7 +33,12 @@ from privacylab.report.defenses import (
 )
 from privacylab.report.html import render_html, write_report
 from privacylab.report.sections import sections
-from privacylab.report.sections.defenses import DefensesSection, gate_statement
+from privacylab.report.sections.defenses import (
+    DefensesSection,
+    attack_detail_table,
+    defense_table,
+    gate_statement,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -224,6 +231,52 @@ def test_gate_needs_low_tpr_and_an_adaptive_attack() -> None:
         with pytest.raises(FrontierError, match=r"max-tpr-at-0\.1") as info:
             gate(rows, bad)  # type: ignore[arg-type]
         assert isinstance(info.value, PrivacylabError) and "\n" not in str(info.value)
+
+
+def test_gate_counts_only_adaptive_attacks_that_gave_a_result() -> None:
+    """As `privacylab defend` writes them: an attack calibrated on references runs twice under
+    one name (plain, then adaptive) and `adaptive_attacks` lists names, skipped runs included.
+    A plain run that scored and an adaptive run that was skipped (or measured NaN) is a defence
+    attacked non-adaptively only: the gate fails it, the table does not mark the plain run."""
+    plain = {"attack": "lira-online", "adaptive": False, "references": "plain",
+             "tpr_at_01pct_fpr": 0.0, "tpr_at_1pct_fpr": 0.01, "auc": 0.52}  # fmt: skip
+    skipped = {"attack": "lira-online", "adaptive": True, "references": "defended",
+               "skipped": "lira-online: no reference models"}  # fmt: skip
+    gap_skipped = {"attack": "gap", "adaptive": True, "references": "defended",
+                   "skipped": "needs label access"}  # fmt: skip
+    only_plain = {
+        **row("memguard", 0.8, 0.0),
+        "attacks": [plain, skipped, gap_skipped],
+        "adaptive_attacks": ["gap", "lira-online"],
+        "best": {
+            "attack": "lira-online",
+            "adaptive": False,
+            "tpr_at_01pct_fpr": 0.0,
+            "auc": 0.52,
+        },
+    }
+    assert not adaptively_attacked(only_plain)
+    assert gate([only_plain], 0.01) == [False]
+    assert "no adaptive attack" in gate_decision(only_plain, 0.01)[1]
+    nan = {**skipped, "tpr_at_01pct_fpr": float("nan"), "auc": 0.5}
+    nan.pop("skipped")
+    assert gate([{**only_plain, "attacks": [plain, nan]}], 0.01) == [False]
+    scored = {**plain, "adaptive": True, "references": "defended"}
+    assert gate([{**only_plain, "attacks": [plain, scored]}], 0.01) == [True]
+    # the plain run is not marked adaptive because its name is in `adaptive_attacks`
+    assert not attack_is_adaptive(only_plain, plain)
+    assert attack_is_adaptive(only_plain, {"attack": "gap"})  # no flag: the name decides
+    assert attack_is_adaptive(row("none", 0.9, 0.1, kind="none"), plain)
+    table = attack_detail_table(only_plain)
+    assert table.count("✓ adaptive") == 2  # the two skipped runs, not the plain one
+    summary = defense_table([only_plain], 0.01)
+    assert ">lira-online</td>" in summary and ">fail</td>" in summary
+    # a row with `best` only: its flag, and a result, decide
+    bare = {"kind": "output", "best": {"attack": "gap", "adaptive": True, "tpr_at_01pct_fpr": 0.0}}
+    assert adaptively_attacked(bare)
+    assert not adaptively_attacked({**bare, "best": {**bare["best"], "adaptive": False}})
+    assert not adaptively_attacked({**bare, "best": {**bare["best"], "tpr_at_01pct_fpr": None}})
+    assert not adaptively_attacked({"kind": "none", "attacks": [gap_skipped]})
 
 
 @pytest.fixture(scope="module")

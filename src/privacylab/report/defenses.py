@@ -153,15 +153,37 @@ def pareto_set(rows: Sequence[Mapping[str, Any]], metric: str = "tpr_at_01pct_fp
     return [label(rows[i]) for i in pareto_indices(rows, metric)]
 
 
-def adaptively_attacked(row: Mapping[str, Any]) -> bool:
-    """Whether an attack that knew the defence was run on the row: the undefended model
-    (kind "none") by definition, else a non-empty `adaptive_attacks` or an attack marked
-    `adaptive`."""
+def attack_is_adaptive(row: Mapping[str, Any], attack: Mapping[str, Any]) -> bool:
+    """Whether one attack row of `row` knew the defence: its own `adaptive` flag when it has
+    one (an attack that calibrates on references runs twice under one name, plainly and
+    adaptively, so the name alone cannot tell); without a flag, its name in the row's
+    `adaptive_attacks`; every attack on the undefended model (nothing to adapt to)."""
     if row.get("kind") == "none":
-        return bool(mappings(row.get("attacks"))) or best_attack(row) is not None
-    if any(isinstance(a, str) and a for a in row.get("adaptive_attacks") or ()):
         return True
-    return any(a.get("adaptive") is True for a in mappings(row.get("attacks")))
+    flag = attack.get("adaptive")
+    if isinstance(flag, bool):
+        return flag
+    names = row.get("adaptive_attacks")
+    return isinstance(names, (list, tuple)) and attack.get("attack") in names
+
+
+def _has_result(attack: Mapping[str, Any]) -> bool:
+    """An attack that ran and measured a TPR at 0.1% FPR (not skipped, not NaN)."""
+    return "skipped" not in attack and number(attack.get("tpr_at_01pct_fpr")) is not None
+
+
+def adaptively_attacked(row: Mapping[str, Any]) -> bool:
+    """Whether an attack that knew the defence ran on the row *and gave a result*
+    (`attack_is_adaptive`; a skipped or NaN attack proves nothing, so it does not count). The
+    undefended model (kind "none") has nothing to adapt to: any result counts. A row without
+    an `attacks` list counts when its strongest attack (`best`) is marked adaptive."""
+    attacks = mappings(row.get("attacks"))
+    if attacks:
+        return any(_has_result(a) and attack_is_adaptive(row, a) for a in attacks)
+    best = row.get("best")
+    if not isinstance(best, Mapping) or not _has_result(best):
+        return False
+    return row.get("kind") == "none" or best.get("adaptive") is True
 
 
 def check_gate_threshold(threshold: Any) -> float | None:
@@ -502,6 +524,7 @@ __all__ = [
     "FrontierError",
     "adaptively_attacked",
     "annotate",
+    "attack_is_adaptive",
     "best_attack",
     "best_auc",
     "best_tpr",

@@ -26,6 +26,7 @@ from privacylab.report._format import (
 )
 from privacylab.report.defenses import (
     adaptively_attacked,
+    attack_is_adaptive,
     best_attack,
     best_auc,
     best_tpr,
@@ -137,7 +138,7 @@ def _text_cell(text: str, sort: str | None = None, klass: str = "", title: str =
 def _defense_row(row: Mapping[str, Any], on_front: bool, threshold: float | None) -> str:
     best = best_attack(row) or {}
     attack = best.get("attack")
-    adaptive = best.get("adaptive") is True and row.get("kind") != "none"
+    adaptive = row.get("kind") != "none" and bool(best) and attack_is_adaptive(row, best)
     passes, why = gate_decision(row, threshold)
     top_auc = row.get("best_auc")
     auc_by = top_auc.get("attack") if isinstance(top_auc, Mapping) else None
@@ -192,13 +193,6 @@ def defense_table(rows: list[Mapping[str, Any]], threshold: float | None) -> str
     )
 
 
-def _attack_is_adaptive(row: Mapping[str, Any], attack: Mapping[str, Any]) -> bool:
-    if attack.get("adaptive") is True or row.get("kind") == "none":
-        return True
-    names = row.get("adaptive_attacks") or ()
-    return isinstance(names, (list, tuple)) and attack.get("attack") in names
-
-
 def attack_detail_table(row: Mapping[str, Any]) -> str:
     """Every attack on one defence, strongest first (TPR at 0.1% FPR, TPR at 1% FPR, AUC), the
     adaptive ones marked; a sortable table."""
@@ -209,7 +203,7 @@ def attack_detail_table(row: Mapping[str, Any]) -> str:
     )
     body = []
     for attack in attacks:
-        adaptive = _attack_is_adaptive(row, attack)
+        adaptive = attack_is_adaptive(row, attack)
         cells = []
         for key, _ in ATTACK_COLUMNS:
             value = attack.get(key)
@@ -246,7 +240,7 @@ def _params_text(params: Any) -> str:
 def _detail_html(index: int, row: Mapping[str, Any]) -> str:
     name = label(row)
     attacks = mappings(row.get("attacks"))
-    adaptive = sum(1 for a in attacks if _attack_is_adaptive(row, a))
+    adaptive = sum(1 for a in attacks if attack_is_adaptive(row, a))
     best = best_attack(row) or {}
     summary = (
         f"{name} — {len(attacks)} attack{'s' if len(attacks) != 1 else ''}, {adaptive} adaptive"
