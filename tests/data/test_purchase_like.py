@@ -41,6 +41,18 @@ def test_same_seed_same_arrays(small: tuple[np.ndarray, np.ndarray]) -> None:
     assert not np.array_equal(other, small[0])
 
 
+def test_same_arrays_on_any_thread_count(small: tuple[np.ndarray, np.ndarray]) -> None:
+    """The table is a function of (n_rows, seed) only: BLAS/OpenMP thread counts (the mixed
+    purchase rates are a matrix product, k-means is threaded) do not change a bit or a label."""
+    from threadpoolctl import threadpool_limits
+
+    for threads in (1, 2):
+        with threadpool_limits(limits=threads):
+            features, labels = purchase_like.make_purchase_like(SMALL, seed=5)
+        np.testing.assert_array_equal(features, small[0])
+        np.testing.assert_array_equal(labels, small[1])
+
+
 def test_shapes_types_and_classes(small: tuple[np.ndarray, np.ndarray]) -> None:
     features, labels = small
     assert features.shape == (SMALL, 600) and features.dtype == np.float32
