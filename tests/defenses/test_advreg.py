@@ -173,3 +173,63 @@ def test_train_defended_round_trip(tmp_path: Path) -> None:
     loaded = load_defended(tmp_path / "model")
     pairs = zip(loaded.state_dict().values(), direct.model.state_dict().values(), strict=True)
     assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_inference_model_takes_k_steps_per_classifier_step_on_members_vs_holdout() -> None:
+    """Alg. 1: k steps of h before the classifier's first step and after every one, each on a
+    batch of members and a batch of the defender's reference set (never the test data)."""
+    config = TrainConfig(epochs=2, batch_size=100, lr=0.05)  # 400 members: 4 steps an epoch
+    for k in (1, 3):
+        model = build(0)
+        game = AdvReg(lam=1, k=k, warmup=0).game(model, MEMBERS, EXTRA, config, seed=0)
+        assert game.members is MEMBERS and game.references is HOLDOUT
+        seen: list[int] = []
+        batch = game._batch
+
+        def recording(data: Dataset, device: torch.device, batch=batch, seen=seen):
+            seen.append(len(data) if data is MEMBERS else -len(data) if data is HOLDOUT else 0)
+            return batch(data, device)
+
+        game._batch = recording  # type: ignore[method-assign]
+        train(model, MEMBERS, config, regularizer=game, callbacks=[game])
+        steps = 2 * 4 + 1
+        assert seen == [400, -400] * (k * steps)
+        first = next(game.inference.parameters())
+        assert int(game.optimizer.state[first]["step"]) == k * steps
+
+
+def test_penalty_is_lambda_times_h_or_log_h_after_warmup() -> None:
+    """The classifier's term per member: λ·h (prob) or λ·log h (eq. 7, log), zero during the
+    warm-up epochs; its gradient reaches the logits, never h."""
+    logits = torch.randn(6, CLASSES, requires_grad=True)
+    labels = torch.arange(6)
+    for penalty, g in (("prob", torch.sigmoid), ("log", F.logsigmoid)):
+        game = AdvReg(lam=2.5, penalty=penalty, warmup=1).game(
+            build(0), MEMBERS, EXTRA, CONFIG, seed=0
+        )
+        game.primed = True
+        assert torch.equal(game(build(0), MEMBERS.features[:6], labels, logits), torch.zeros(6))
+        game.epochs_done = 1
+        term = game(build(0), MEMBERS.features[:6], labels, logits)
+        with torch.no_grad():
+            expected = 2.5 * g(game.inference(torch.softmax(logits, 1), labels))
+        torch.testing.assert_close(term, expected)
+        term.sum().backward()
+        assert logits.grad is not None and logits.grad.abs().sum() > 0
+        assert all(p.grad is None for p in game.inference.parameters())
+        logits.grad = None
+
+
+def test_inference_state_follows_the_classifier_to_its_device() -> None:
+    """h's Adam moments restored from a checkpoint sit on the CPU; once the trainer has moved
+    the classifier, h and those moments must be on its device too (else a resumed GPU run
+    fails at h's first step). The meta device stands in for an accelerator."""
+    model = build(0)
+    game = AdvReg().game(model, MEMBERS, EXTRA, CONFIG, seed=0)
+    game.inference_steps()
+    model.to("meta")
+    game._device()
+    assert all(p.device.type == "meta" for p in game.inference.parameters())
+    for slots in game.optimizer.state.values():
+        assert slots["exp_avg"].device.type == "meta"
+        assert slots["exp_avg_sq"].device.type == "meta"

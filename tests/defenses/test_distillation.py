@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +24,7 @@ from privacylab.data import Dataset
 from privacylab.defenses import DefenseData, DefenseError, parse_defense
 from privacylab.defenses.base import accuracy
 from privacylab.defenses.fitting import DEFENSE_FILE, load_defended, train_defended
+from privacylab.defenses.training import _distill as distill_module
 from privacylab.defenses.training import selena as selena_module
 from privacylab.defenses.training._distill import probabilities
 from privacylab.defenses.training.dmp import (
@@ -34,6 +36,7 @@ from privacylab.defenses.training.dmp import (
 from privacylab.defenses.training.selena import SELENA, exclusion_matrix, split_soft_labels
 from privacylab.models import build_model
 from privacylab.training import TrainConfig, train
+from privacylab.training.hooks import Callback, TrainState
 
 CLASSES, DIM = 20, 60
 CONFIG = TrainConfig(epochs=30, batch_size=50, lr=0.05)
@@ -326,5 +329,43 @@ def test_selena_killed_run_resumes_to_same_weights(tmp_path: Path, monkeypatch) 
     monkeypatch.setattr(selena_module, "train", real_train)
     assert (tmp_path / "killed" / "checkpoint" / "split-1").exists()
     resumed = defense.fit(build, members, config, EXTRA, seed=5, folder=tmp_path / "killed")
+    assert same_weights(whole.model, resumed.model)
+    assert resumed.notes == whole.notes
+
+
+class _KilledError(Exception):
+    pass
+
+
+class _KillAt(Callback):
+    """Dies after the callbacks of epoch `epoch`, before the trainer checkpoints it."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_epoch_end(self, state: TrainState) -> None:
+        if state.epoch == self.epoch:
+            raise _KilledError
+
+
+def test_dmp_killed_in_the_students_training_resumes_to_same_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Teacher finished, student killed in its second epoch: the re-run reuses the teacher,
+    chooses the same reference data and resumes the student to the uninterrupted weights."""
+    config = TrainConfig(epochs=3, batch_size=50, lr=0.05)
+    dmp = DMP(size=100)
+    whole = dmp.fit(build, MEMBERS, config, EXTRA, seed=6, folder=tmp_path / "whole")
+    real_train = distill_module.train
+
+    def killed_student(*args: Any, **kwargs: Any) -> Any:
+        return real_train(*args, callbacks=[_KillAt(2)], **kwargs)
+
+    monkeypatch.setattr(distill_module, "train", killed_student)
+    with pytest.raises(_KilledError):
+        dmp.fit(build, MEMBERS, config, EXTRA, seed=6, folder=tmp_path / "killed")
+    monkeypatch.setattr(distill_module, "train", real_train)
+    assert (tmp_path / "killed" / "checkpoint" / "student").exists()
+    resumed = dmp.fit(build, MEMBERS, config, EXTRA, seed=6, folder=tmp_path / "killed")
     assert same_weights(whole.model, resumed.model)
     assert resumed.notes == whole.notes

@@ -159,9 +159,15 @@ class AdversarialGame(Callback):
         )
 
     def _device(self) -> torch.device:
+        """The classifier's device, with h and its optimiser's state moved there (a state
+        restored from a checkpoint is on the CPU until the trainer has placed the classifier)."""
         device = next(self.model.parameters()).device
         if device != self.placed:
             self.inference.to(device)
+            for slots in self.optimizer.state.values():
+                for key, value in slots.items():
+                    if isinstance(value, Tensor) and key != "step":
+                        slots[key] = value.to(device)
             self.placed = device
         return device
 

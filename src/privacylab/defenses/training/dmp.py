@@ -41,10 +41,10 @@ from privacylab.defenses.base import (
     ModelBuilder,
     Parameter,
     TrainingDefense,
-    accuracy,
     register_defense,
 )
 from privacylab.defenses.training._distill import probabilities, train_soft
+from privacylab.defenses.training.stacking import accuracy_on
 from privacylab.training import TrainConfig, train
 
 __all__ = ["DMP", "nearest_distance", "prediction_entropy", "select_reference"]
@@ -220,9 +220,9 @@ class DMP(TrainingDefense):
         )
         return Fitted(
             model=model,
-            train_accuracy=accuracy(model, data),
+            train_accuracy=accuracy_on(model, data),
             notes={
-                "teacher_train_accuracy": accuracy(teacher, data),
+                "teacher_train_accuracy": accuracy_on(teacher, data),
                 "reference_chosen": len(chosen),
                 "reference_pool": len(extra.public),  # type: ignore[arg-type]
             },

@@ -33,10 +33,10 @@ from privacylab.defenses.base import (
     ModelBuilder,
     Parameter,
     TrainingDefense,
-    accuracy,
     register_defense,
 )
 from privacylab.defenses.training._distill import derived_seed, probabilities, train_soft
+from privacylab.defenses.training.stacking import accuracy_on
 from privacylab.training import TrainConfig, train
 
 __all__ = ["SELENA", "exclusion_matrix", "split_soft_labels"]
@@ -138,7 +138,7 @@ class SELENA(TrainingDefense):
                 dataclasses.replace(config, seed=sub_seed, early_stopping=None),
                 checkpoint_dir=folder / f"split-{k}" if folder is not None else None,
             ).model
-            member_accuracy.append(accuracy(model, data.subset(rows)))
+            member_accuracy.append(accuracy_on(model, data.subset(rows)))
             out_rows = np.flatnonzero(excluded[:, k])
             probs = probabilities(model, data.features[torch.from_numpy(out_rows)])
             soft[torch.from_numpy(out_rows)] += probs.double()
@@ -165,7 +165,7 @@ class SELENA(TrainingDefense):
         )
         return Fitted(
             model=model,
-            train_accuracy=accuracy(model, data),
+            train_accuracy=accuracy_on(model, data),
             notes={
                 "K": int(self.params["K"]),
                 "L": self.left_out,
