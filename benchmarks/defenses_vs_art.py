@@ -46,7 +46,8 @@ its TPR ≤ the other's — strictly, and within noise (each within one standard
 other's estimate plus one example: a TPR at 0.1% FPR measured on `--members` members moves by
 that much between seeds). Our frontier dominates or equals ART's when every ART point is
 covered by one of our points (the undefended model included); the pairs are compared one by
-one as well. Ratios: our accuracy / ART's and our TPR / ART's (1 when both TPRs are 0).
+one as well. Ratios: our accuracy / ART's, our TPR / ART's (1 when both TPRs are 0) and our
+post-processor's seconds per 10,000 queries / ART's.
 
 Last, the training-time defences privacylab registers (`defense_names()` of kind "training");
 ART ships none against membership inference (its `defences/trainer` holds adversarial-training
@@ -296,6 +297,7 @@ def compare_pairs(
         ours, art = rows[ours_name], rows[art_name]
         acc_o, acc_a = ours["test_accuracy"], art["test_accuracy"]
         tpr_o, tpr_a = ours["best_tpr_at_01pct_fpr"], art["best_tpr_at_01pct_fpr"]
+        sec_o, sec_a = ours["seconds_per_10k_queries"], art["seconds_per_10k_queries"]
         strict = _covers(ours, art, members, tests, False)
         within = _covers(ours, art, members, tests, True)
         out.append(
@@ -307,6 +309,8 @@ def compare_pairs(
                 "tpr_at_01pct_fpr": [tpr_o, tpr_a],
                 "ratio_accuracy": _ratio(acc_o, acc_a),
                 "ratio_tpr_at_01pct_fpr": _ratio(tpr_o, tpr_a),
+                "seconds_per_10k_queries": [sec_o, sec_a],
+                "ratio_seconds_per_10k_queries": _ratio(sec_o, sec_a),
                 "dominates_strict": strict,
                 "dominates_within_noise": within,
             }
@@ -449,7 +453,7 @@ def _print_table(payload: dict[str, Any]) -> None:
         )
     console.print(table)
     pairs = Table(title="ours vs ART (accuracy ↑, TPR@0.1%FPR ↓)")
-    for col in ("ours", "ART", "acc ratio", "TPR ratio", "strict", "within noise"):
+    for col in ("ours", "ART", "acc ratio", "TPR ratio", "time ratio", "strict", "within noise"):
         pairs.add_column(col)
     for p in payload["pairs"]:
         pairs.add_row(
@@ -457,6 +461,7 @@ def _print_table(payload: dict[str, Any]) -> None:
             p["art"],
             _num(p["ratio_accuracy"], ".3f"),
             _num(p["ratio_tpr_at_01pct_fpr"], ".3f"),
+            _num(p["ratio_seconds_per_10k_queries"], ".2f"),
             "yes" if p["dominates_strict"] else "no",
             "yes" if p["dominates_within_noise"] else "no",
         )
