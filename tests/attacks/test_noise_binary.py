@@ -89,6 +89,33 @@ def test_auto_flips_binary_features_and_records_it() -> None:
     assert ((result.scores >= 0) & (result.scores <= 1)).all()
 
 
+def test_references_calibrate_the_flip_threshold() -> None:
+    """With reference models the threshold is chosen on the references' flip accuracies (the
+    same flip rate, their own seeded noise): every reference sees only 0/1 copies, the
+    prediction is `score >= threshold`, and a second run gives the same numbers."""
+    x, y = _binary(40, 30), torch.arange(40) % 3
+    pop_x, pop_y = _binary(20, 30, seed=2), torch.arange(20) % 3
+    refs = [Spy(30, 3) for _ in range(2)]
+    keep = np.zeros((2, 60), dtype=bool)
+    keep[0, ::2], keep[1, 1::2] = True, True
+    task = MembershipTask(x, y, 3, pop_x, pop_y, refs, keep)
+    attack = make_attack("noise", n_samples=10, flip_probability=0.1)
+    target = Target(Spy(30, 3), "label", 3)
+    first = attack.score(target, task)
+    assert first.params["kind"] == "flip" and "threshold" in first.params
+    assert all(is_binary(torch.cat(ref.seen)) for ref in refs)
+    assert all(torch.cat(ref.seen).shape == (60 * 10, 30) for ref in refs)
+    seen = [len(ref.seen) for ref in refs]
+    assert first.predictions is not None
+    np.testing.assert_array_equal(
+        first.predictions, (first.scores >= first.params["threshold"]).astype(np.int64)
+    )
+    again = attack.score(target, task)
+    np.testing.assert_array_equal(again.scores, first.scores)
+    assert again.params == first.params
+    assert [len(ref.seen) for ref in refs] == [2 * k for k in seen]  # no memo between calls
+
+
 def test_continuous_features_keep_gaussian() -> None:
     x = torch.randn(30, 8, generator=torch.Generator().manual_seed(0))
     spy = Spy(8, 2)
