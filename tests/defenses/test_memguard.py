@@ -17,6 +17,7 @@ from torch import nn
 from privacylab.attacks.membership import MembershipTask, make_attack, run_attack
 from privacylab.data import Dataset, load_dataset
 from privacylab.defenses import DefenseData, DefenseError, make_defense, parse_defense
+from privacylab.defenses.output import memguard
 from privacylab.defenses.output.memguard import MemGuard
 from privacylab.models import build_model
 from privacylab.report import membership_metrics
@@ -150,6 +151,59 @@ def test_expected_distortion_is_within_the_budget(scenario: Scenario) -> None:
         assert float(distortion.mean()) <= budget * 1.3 + 2e-3
         perturbed = (distortion > 0).double().mean()
         assert abs(float(perturbed) - float(p.mean())) < 0.08
+
+
+def test_phase_two_keeps_rows_whose_noise_moves_g_away_from_one_half(
+    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Phase II (Sec. 4.3, the authors' `evaluate_nn_attack.py`): p = 0 where g(s + r) is not
+    closer to 0.5 than g(s), whatever the budget. A Phase I answer that crosses 0.5 but lands
+    farther from it (an overshoot) is not served; one that lands closer is."""
+    defense = _with_budget(scenario.defense, 2.0)
+    g = defense.membership_probability(scenario.probs)
+    label = scenario.probs.argmax(1)
+    order = (g - 0.5).abs().argsort()
+    near = int(order[0])
+    far = next(
+        int(i)
+        for i in order.flip(0)
+        if label[i] == label[near] and (g[i] - 0.5) * (g[near] - 0.5) < 0
+    )
+    assert (g[far] - 0.5).abs() > (g[near] - 0.5).abs()
+    rows = scenario.probs[[near, far]]
+    swapped = scenario.probs[[far, near]]
+    monkeypatch.setattr(defense, "phase_one", lambda probs: (swapped, torch.tensor([True, True])))
+    out = defense.transform(rows)
+    assert torch.equal(out[0], rows[0])  # overshoot: unchanged
+    assert torch.equal(out[1], swapped[1])  # closer to 0.5 within budget 2: always served
+
+
+def test_memo_overflow_computes_each_row_once(
+    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch larger than the memo (or arriving at a full memo) is optimised chunk by chunk,
+    each row once (it was optimised twice: the batch's early chunks were evicted, then the
+    whole batch redone in one piece), and answers as a fresh defence does up to the last bits
+    of the floats (matrix kernels round differently for other batch sizes)."""
+    rows = scenario.probs[:10]
+    expected = _with_budget(scenario.defense, 2.0).transform(rows)
+    monkeypatch.setattr(memguard, "CHUNK", 4)
+    monkeypatch.setattr(memguard, "CACHE_ROWS", 5)
+    defense = MemGuard(**{**scenario.defense.params, "budget": 2.0})
+    defense.classifier, defense.num_classes = scenario.defense.classifier, 10
+    defense._shift, defense._scale = scenario.defense._shift, scenario.defense._scale
+    sizes: list[int] = []
+    inner = defense._phase_one_chunk
+
+    def counted(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sizes.append(len(probs))
+        return inner(probs)
+
+    monkeypatch.setattr(defense, "_phase_one_chunk", counted)
+    out = defense.transform(rows)
+    assert torch.allclose(out, expected, atol=1e-6) and torch.equal(out.argmax(1), rows.argmax(1))
+    assert sizes == [4, 4, 2]
+    assert sum(map(len, defense._memo.values())) <= 5
 
 
 def test_seeded_deterministic_and_order_free(scenario: Scenario) -> None:

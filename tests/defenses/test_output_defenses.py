@@ -6,6 +6,7 @@ and membership attacks that still succeed (top-k, label-only's gap) or can no lo
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -152,8 +153,64 @@ def test_every_output_defense_is_listed() -> None:
     )
     assert make_defense("label-only").serves is Access.LABEL
     assert not make_defense("reverse-sigmoid").keeps_label
-    for name in ("topk", "rounding", "label-only", "temperature", "noise"):
+    for name in ("topk", "rounding", "label-only", "temperature", "noise", "memguard"):
         assert make_defense(name).keeps_label, name
+
+
+@pytest.mark.parametrize("name", OUTPUT_DEFENSES)
+def test_bad_rows_are_one_line(name: str, rows: torch.Tensor) -> None:
+    """A vector, a numpy array or integer rows given to `transform`: one-line DefenseError,
+    not a traceback from deep inside the defence."""
+    defense = _fitted(name)
+    for bad in (rows[0], rows.numpy(), (rows * 100).long()):
+        with pytest.raises(DefenseError) as error:
+            defense.transform(bad)
+        assert "\n" not in str(error.value) and name in str(error.value)
+
+
+def _near_ties(seed: int) -> list[torch.Tensor]:
+    """float32 probability rows (2 to 100 classes, flat to confident) where a class *before*
+    the arg-max equals it, sits one float below it, or 1e-6 below it: the rows on which
+    rounding, float64 -> float32 conversion or renormalisation could move the first maximum."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for classes in (2, 4, 10, 100):
+        for scale in (0.1, 1.0, 5.0, 30.0):
+            p = torch.softmax(torch.randn(300, classes, generator=g) * scale, 1)
+            index = torch.arange(len(p))
+            p = torch.where(p.argmax(1, keepdim=True) == 0, p.flip(1), p)  # arg-max not class 0
+            label = p.argmax(1)
+            earlier = label - 1
+            top = p[index, label]
+            for value in (top, top.nextafter(torch.zeros(())), top * (1 - 1e-6)):
+                q = p.clone()
+                q[index, earlier] = value
+                out.append(q)
+    return out
+
+
+KEEPS_LABEL = (
+    [("topk", {"k": k}) for k in (1, 2, 3)]
+    + [("rounding", {"d": d}) for d in range(16)]
+    + [("temperature", {"t": t}) for t in (1e-3, 0.3, 5.0, 1e3, 1e6)]
+    + [("noise", {"scale": s}) for s in (1e-6, 0.1, 1e3)]
+    + [("label-only", {})]
+)
+
+
+@pytest.mark.parametrize(("name", "params"), KEEPS_LABEL)
+def test_label_keeping_defenses_keep_the_first_maximum(name: str, params: dict) -> None:
+    """`Target.labels` skips every defence with `keeps_label = True` and answers the model's
+    arg-max, so each such defence must return rows whose first maximum is the model's, also
+    on exact and one-float ties, at every parameter (d = 0..15, extreme t, huge noise), for
+    float32 and float64 rows. (MemGuard: `test_contract` and test_memguard.py.)"""
+    defense = make_defense(name, **params)
+    assert defense.keeps_label
+    for rows, dtype in itertools.product(_near_ties(len(name)), (torch.float32, torch.float64)):
+        p = rows.to(dtype)
+        out = defense.transform(p)
+        assert out.dtype == dtype and torch.isfinite(out).all()
+        assert torch.equal(out.argmax(1), p.argmax(1)), (name, params, dtype)
 
 
 # ------------------------------------------------------------------------------ properties

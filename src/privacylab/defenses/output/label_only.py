@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from privacylab.defenses.base import OutputDefense, register_defense
+from privacylab.defenses.output import check_rows
 from privacylab.target import Access
 
 
@@ -28,4 +29,5 @@ class LabelOnly(OutputDefense):
 
     def transform(self, probs: Tensor) -> Tensor:
         """One-hot rows of the arg-max (first of equal maxima), in `probs`' dtype."""
+        check_rows(self, probs)
         return torch.zeros_like(probs).scatter_(1, probs.argmax(1, keepdim=True), 1.0)

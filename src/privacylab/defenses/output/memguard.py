@@ -17,14 +17,19 @@ kept and the distortion is small. Two phases (paper Sec. 4):
   noise). A row whose first round fails, or whose g output is already within 1e-5 of 0.5, gets
   no noise. The search runs on a whole batch at once; each row stops at its own first success.
 - **Phase II** (Sec. 4.3): the expected L1 distortion must not exceed the budget ε. With
-  r = softmax(z + e) − s from Phase I, the answer is s + r with probability p = min(1, ε/||r||₁)
-  and s otherwise, which maximises p (so minimises |E[g] − 0.5|) under E[d] = p·||r||₁ ≤ ε.
+  r = softmax(z + e) − s from Phase I, the answer is s + r with probability p and s otherwise,
+  p minimising |E[g] − 0.5| under E[d] = p·||r||₁ ≤ ε: p = 0 where g(s + r) is not closer to
+  0.5 than g(s) (Phase I may overshoot when g(s) is already near 0.5), else p = min(1, ε/||r||₁)
+  (as the authors' `evaluate_nn_attack.py` computes it).
 
 Three additions of ours, none changing an answer: Phase I is memoised per row (an attack that
 asks the same examples again costs nothing); Phase II's coin is a keyed hash of the query (seed
-as the key), so an answer depends on the query alone, not on the batch or on earlier queries,
-and repeating a query cannot average the coin away; and a row that stops making progress for
-`patience` steps leaves its round early (the authors always spend `max_steps`).
+as the key), so the coin depends on the query alone, not on the batch or on earlier queries,
+and repeating a query cannot average it away; and a row that stops making progress for
+`patience` steps leaves its round early (the authors always spend `max_steps`). Phase I's noise
+itself may differ in the last float bits (about 1e-8) with the batch a row is first optimised
+in (matrix kernels round differently for other batch sizes); the memo serves that first answer
+to every repeat while it holds the row.
 
 g follows the authors' code (jjy1994/MemGuard, `model_defense`): a 256-128-64 ReLU network with
 a sigmoid output on the confidence vector sorted in **descending** order (the authors sort
@@ -57,6 +62,7 @@ from privacylab.defenses.base import (
     Parameter,
     register_defense,
 )
+from privacylab.defenses.output import check_rows
 from privacylab.target import Access
 
 TINY = 1e-30
@@ -276,11 +282,13 @@ class MemGuard(OutputDefense):
         """g's output (probability of "member") on probability rows `probs` (n, classes)."""
         g = self._require_fit(probs)
         with torch.no_grad():
-            sorted_probs = probs.float().sort(dim=1, descending=True).values
+            sorted_probs = probs.detach().cpu().float().sort(dim=1, descending=True).values
             x = (sorted_probs - self._shift) / self._scale
             return torch.sigmoid(g(x).squeeze(1))
 
     def _require_fit(self, probs: Tensor) -> nn.Sequential:
+        """g, or a one-line DefenseError: not fitted, or `probs` not finite (n, classes) rows."""
+        check_rows(self, probs)
         if self.classifier is None:
             raise DefenseError(f"{self.label}: call fit(model, train_data, extra) before querying")
         if probs.ndim != 2 or probs.shape[1] != self.num_classes:
@@ -300,12 +308,14 @@ class MemGuard(OutputDefense):
         to `CACHE_ROWS` rows, per Phase I settings; a refit starts afresh): attacks that ask
         the same examples again cost nothing."""
         self._require_fit(probs)
+        device, probs = probs.device, probs.detach().cpu()
+        if probs.shape[0] == 0:
+            return probs.clone().to(device), torch.zeros(0, dtype=torch.bool, device=device)
         settings = tuple(self.params[k] for k in PHASE_ONE_SETTINGS)
         memo = self._memo.setdefault(settings, {})
-        rows = probs.detach().cpu().contiguous().numpy()
-        keys = [row.tobytes() for row in rows]
-        missing = [i for i, key in enumerate(keys) if key not in memo]
-        unique = list(dict.fromkeys(keys[i] for i in missing))
+        keys = [row.tobytes() for row in probs.contiguous().numpy()]
+        answers = {key: memo[key] for key in keys if key in memo}
+        unique = [key for key in dict.fromkeys(keys) if key not in answers]
         if unique:
             first = {key: i for i, key in reversed(list(enumerate(keys)))}
             todo = probs[torch.tensor([first[key] for key in unique], dtype=torch.int64)]
@@ -315,16 +325,10 @@ class MemGuard(OutputDefense):
                     for table in self._memo.values():
                         table.clear()
                 for key, row, hit in zip(unique[i : i + CHUNK], noisy, found, strict=True):
-                    memo[key] = (row, bool(hit))
-        if not keys:
-            return probs.clone(), torch.zeros(0, dtype=torch.bool)
-        answers = [memo.get(key) for key in keys]
-        if any(a is None for a in answers):
-            noisy, found = self._phase_one_chunk(probs)
-            return noisy, found
-        noisy = torch.stack([a[0] for a in answers]).to(probs.dtype)
-        found = torch.tensor([a[1] for a in answers], dtype=torch.bool)
-        return noisy, found
+                    memo[key] = answers[key] = (row, bool(hit))
+        noisy = torch.stack([answers[key][0] for key in keys]).to(probs.dtype)
+        found = torch.tensor([answers[key][1] for key in keys], dtype=torch.bool)
+        return noisy.to(device), found.to(device)
 
     def _phase_one_chunk(self, probs: Tensor) -> tuple[Tensor, Tensor]:
         with _one_thread():
@@ -413,19 +417,24 @@ class MemGuard(OutputDefense):
 
     # ---------------------------------------------------------------- Phase II
     def transform(self, probs: Tensor) -> Tensor:
-        """MemGuard's answer for probability rows `probs`: Phase I's noisy row with probability
-        min(1, ε/||r||₁) (Phase II), else the row unchanged; budget 0 returns `probs` as is."""
+        """MemGuard's answer for probability rows `probs` (Phase II, Sec. 4.3): Phase I's noisy
+        row s + r with probability min(1, ε/||r||₁) where g(s + r) is closer to 0.5 than g(s),
+        else the row unchanged; budget 0 returns `probs` as is. Computed on the CPU (where g
+        lives) and returned on `probs`' device."""
+        check_rows(self, probs)
         budget = float(self.params["budget"])
         if budget == 0.0:
             return probs.clone()
         self._require_fit(probs)
+        device, probs = probs.device, probs.detach().cpu()
         if probs.shape[0] == 0:
-            return probs.clone()
+            return probs.clone().to(device)
         noisy, found = self.phase_one(probs)
         distortion = (noisy.double() - probs.double()).abs().sum(1)
         p = torch.where(distortion > 0, (budget / distortion.clamp_min(1e-300)).clamp(max=1.0), 1.0)
-        coin = torch.from_numpy(
-            _uniforms(probs.detach().cpu().contiguous().numpy(), int(self.params["seed"]))
-        )
-        add = found & (coin < p)
-        return torch.where(add.unsqueeze(1), noisy, probs)
+        closer = (self.membership_probability(noisy) - 0.5).abs() < (
+            self.membership_probability(probs) - 0.5
+        ).abs()
+        coin = torch.from_numpy(_uniforms(probs.contiguous().numpy(), int(self.params["seed"])))
+        add = found & closer & (coin < p)
+        return torch.where(add.unsqueeze(1), noisy, probs).to(device)

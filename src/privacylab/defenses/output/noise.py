@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from privacylab.defenses.base import OutputDefense, Parameter, register_defense, seeded_generator
+from privacylab.defenses.output import check_rows, first_max
 
 
 @register_defense
@@ -48,6 +49,7 @@ class GaussianNoise(OutputDefense):
     def transform(self, probs: Tensor) -> Tensor:
         """Noisy rows: p + N(0, scale²), clipped at 0, renormalised, the model's arg-max
         swapped back to the top where the noise moved it."""
+        check_rows(self, probs)
         noise = torch.randn(probs.shape, generator=self._generator, dtype=torch.float64)
         noisy = (probs.double() + float(self.params["scale"]) * noise.to(probs.device)).clamp_min(0)
         sums = noisy.sum(1, keepdim=True)
@@ -58,15 +60,4 @@ class GaussianNoise(OutputDefense):
         top = rows.argmax(1, keepdim=True)
         at_label, at_top = rows.gather(1, label), rows.gather(1, top)
         rows = rows.scatter(1, top, at_label).scatter(1, label, at_top)
-        return _first_max(rows.to(probs.dtype), label)
-
-
-def _first_max(rows: Tensor, label: Tensor) -> Tensor:
-    """`rows` with `label`'s entry moved to the next float up where it ties with an earlier
-    class (so that arg-max, the first maximum, is `label`)."""
-    moved = rows.argmax(1, keepdim=True) != label
-    if not bool(moved.any()):
-        return rows
-    top = rows.gather(1, label)
-    up = torch.nextafter(top, torch.full_like(top, 2.0))
-    return rows.scatter(1, label, torch.where(moved, up, top))
+        return first_max(rows.to(probs.dtype), label)

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from privacylab.defenses.base import OutputDefense, Parameter, register_defense
+from privacylab.defenses.output import check_rows
 
 CLIP = 1e-9
 """Probabilities are clipped to [CLIP, 1 − CLIP] inside the logit (ART's value)."""
@@ -57,6 +58,7 @@ class ReverseSigmoid(OutputDefense):
     def transform(self, probs: Tensor) -> Tensor:
         """clip(p − r(p), 0, 1) renormalised per row; a row that clips to all zeros (only
         possible with one class) is returned unchanged."""
+        check_rows(self, probs)
         q = (probs.double() - self.perturbation(probs)).clamp(0.0, 1.0)
         sums = q.sum(1, keepdim=True)
         empty = sums <= 0

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from privacylab.defenses.base import OutputDefense, Parameter, register_defense
+from privacylab.defenses.output import check_rows
 
 
 @register_defense
@@ -37,6 +38,7 @@ class Rounding(OutputDefense):
     def transform(self, probs: Tensor) -> Tensor:
         """Rows rounded to d decimals; in a row whose maximum is shared after rounding, the
         model's arg-max is raised by 10^-d."""
+        check_rows(self, probs)
         d = int(self.params["d"])
         rounded = torch.round(probs.double(), decimals=d)
         top = rounded.max(1, keepdim=True).values

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from privacylab.defenses.base import OutputDefense, Parameter, register_defense
+from privacylab.defenses.output import check_rows, first_max
 
 
 @register_defense
@@ -36,12 +37,6 @@ class Temperature(OutputDefense):
 
     def transform(self, probs: Tensor) -> Tensor:
         """softmax(log p / t) per row, computed in float64 and returned in `probs`' dtype."""
+        check_rows(self, probs)
         scaled = torch.softmax(probs.double().log() / float(self.params["t"]), dim=1)
-        out = scaled.to(probs.dtype)
-        label = probs.argmax(1, keepdim=True)
-        moved = out.argmax(1, keepdim=True) != label
-        if bool(moved.any()):
-            top = out.gather(1, label)
-            up = torch.nextafter(top, torch.full_like(top, 2.0))
-            out = out.scatter(1, label, torch.where(moved, up, top))
-        return out
+        return first_max(scaled.to(probs.dtype), probs.argmax(1, keepdim=True))

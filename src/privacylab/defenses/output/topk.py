@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from privacylab.defenses.base import OutputDefense, Parameter, register_defense
+from privacylab.defenses.output import check_rows
 
 
 @register_defense
@@ -35,6 +36,7 @@ class TopK(OutputDefense):
 
     def transform(self, probs: Tensor) -> Tensor:
         """Rows with all but their k largest entries set to 0 (ties: lower class index kept)."""
+        check_rows(self, probs)
         k = min(int(self.params["k"]), probs.shape[1])
         if k == probs.shape[1]:
             return probs.clone()
