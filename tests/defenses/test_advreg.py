@@ -4,6 +4,7 @@ run resumes to the same weights; bad parameters are one line."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -233,3 +234,15 @@ def test_inference_state_follows_the_classifier_to_its_device() -> None:
     for slots in game.optimizer.state.values():
         assert slots["exp_avg"].device.type == "meta"
         assert slots["exp_avg_sq"].device.type == "meta"
+
+
+def test_resume_without_the_inference_models_checkpoint_is_refused(tmp_path: Path) -> None:
+    """A classifier resumed against a fresh h would silently give other weights than the
+    uninterrupted run: one-line DefenseError instead."""
+    config = TrainConfig(epochs=2, batch_size=100, lr=0.05)
+    defense = AdvReg(lam=1, warmup=0)
+    defense.fit(build, MEMBERS, config, EXTRA, seed=1, folder=tmp_path)
+    shutil.rmtree(tmp_path / "checkpoint" / "inference")
+    with pytest.raises(DefenseError, match="inference model") as error:
+        defense.fit(build, MEMBERS, config, EXTRA, seed=1, folder=tmp_path)
+    assert "\n" not in str(error.value)

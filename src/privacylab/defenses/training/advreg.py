@@ -359,7 +359,12 @@ class AdvReg(TrainingDefense):
         model = build(seed)
         checkpoint = folder / "checkpoint"
         game = self.game(model, data, extra, config, seed, checkpoint / "inference")
-        game.restore(_resumed_epoch(checkpoint))
+        resumed = _resumed_epoch(checkpoint)
+        if resumed and not game.restore(resumed):
+            raise DefenseError(
+                f"advreg: the classifier's checkpoint in {checkpoint} is at epoch {resumed} but "
+                "the inference model's is missing; delete the folder to start again"
+            )
         result = train(
             model,
             data,
