@@ -114,6 +114,17 @@ def test_bad_arguments_are_one_line(n_rows: object, seed: object) -> None:
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("features", "classes"),
+    [(np.ones((50, 600)), 100), (np.ones(600), 2), (np.full((200, 4), np.nan), 2),
+     (np.ones((200, 4)), 1), (np.ones((200, 4)), 2.0)],
+)  # fmt: skip
+def test_cluster_labels_bad_input_is_one_line(features: np.ndarray, classes: object) -> None:
+    with pytest.raises(DataError, match="purchase-like") as caught:
+        purchase_like.cluster_labels(features, num_classes=classes)  # type: ignore[arg-type]
+    assert "\n" not in str(caught.value)
+
+
 def test_small_mlp_overfits(small: tuple[np.ndarray, np.ndarray]) -> None:
     """The regime of Shokri et al.'s Purchase-100 target on a small version: 1,000 members,
     train accuracy 1, test accuracy far below, and the loss separates members (Yeom et al.)."""

@@ -118,6 +118,16 @@ def cluster_labels(
     from sklearn.cluster import KMeans
     from threadpoolctl import threadpool_limits
 
+    features = np.asarray(features)
+    if features.ndim != 2 or not np.isfinite(features).all():
+        raise DataError(f"{NAME}: features must be a finite 2-D array, got {features.shape}")
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)):
+        raise DataError(f"{NAME}: num_classes must be a whole number, got {num_classes!r}")
+    if not 2 <= num_classes <= min(features.shape[0], FIT_ROWS):
+        raise DataError(
+            f"{NAME}: num_classes must be in [2, rows fitted], got {num_classes} for "
+            f"{features.shape[0]} rows"
+        )
     norms = np.linalg.norm(features, axis=1, keepdims=True)
     unit = (features / np.maximum(norms, 1.0)).astype(np.float32)
     with threadpool_limits(limits=1):
