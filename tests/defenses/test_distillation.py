@@ -369,3 +369,20 @@ def test_dmp_killed_in_the_students_training_resumes_to_same_weights(
     resumed = dmp.fit(build, MEMBERS, config, EXTRA, seed=6, folder=tmp_path / "killed")
     assert same_weights(whole.model, resumed.model)
     assert resumed.notes == whole.notes
+
+
+def test_split_ai_assignment_follows_the_run_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Split-AI draws its exclusion matrix from the run's seed: same seed, same matrix; another
+    seed, another one (the sub-model trainings are stubbed: only the assignment is compared)."""
+
+    class Stub:
+        def __init__(self, model: nn.Module) -> None:
+            self.model = model
+
+    monkeypatch.setattr(selena_module, "train", lambda model, *a, **k: Stub(model))
+    members = MEMBERS.subset(np.arange(60))
+    config = TrainConfig(epochs=1)
+    selena = SELENA(K=4, L=1)
+    first = selena.split_ai(build, members, config, seed=0)[1]
+    assert (selena.split_ai(build, members, config, seed=0)[1] == first).all()
+    assert not (selena.split_ai(build, members, config, seed=1)[1] == first).all()

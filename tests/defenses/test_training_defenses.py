@@ -39,7 +39,12 @@ from privacylab.defenses.training.dropout import Dropout
 from privacylab.defenses.training.early_stopping import STATE_FILE, GapStopping
 from privacylab.defenses.training.l2 import L2
 from privacylab.defenses.training.label_smoothing import LabelSmoothing
-from privacylab.defenses.training.stacking import AveragedEnsemble, Stacking, disjoint_parts
+from privacylab.defenses.training.stacking import (
+    AveragedEnsemble,
+    Stacking,
+    disjoint_parts,
+    member_seed,
+)
 from privacylab.models import build_model
 from privacylab.training import PrivacyConfig, TrainConfig, train
 from privacylab.training.defaults import dp_defaults
@@ -575,3 +580,12 @@ def test_dp_reports_epsilon_within_its_budget(tmp_path: Path) -> None:
     fitted = defense.fit(_mlp, data, config, DefenseData(), seed=0, folder=tmp_path)  # type: ignore[attr-defined]
     assert fitted.epsilon is not None and 0.1 < fitted.epsilon <= 1.0
     assert math.isclose(fitted.notes["delta"], 1e-5)
+
+
+def test_stacking_parts_and_member_seeds_follow_the_run_seed() -> None:
+    """A seed not honoured would give every run the same split: two seeds, two splits."""
+    stacking = Stacking(k=3)
+    pairs = zip(stacking.parts(100, 0), stacking.parts(100, 1), strict=True)
+    same = [np.array_equal(a, b) for a, b in pairs]
+    assert not all(same)
+    assert len({member_seed(s, i) for s in (0, 1) for i in range(3)}) == 6
