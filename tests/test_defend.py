@@ -21,6 +21,7 @@ from privacylab.defend import (
 )
 from privacylab.defenses import DefenseError, parse_defense
 from privacylab.execution import ResultStore
+from privacylab.target import Access
 
 runner = CliRunner()
 
@@ -292,3 +293,18 @@ def test_a_defence_the_model_cannot_take_is_refused_before_training(tmp_path: Pa
     )  # fmt: skip
     assert result.exit_code == 2
     assert "dropout" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_subsampled_attack_cannot_be_the_strongest_at_low_fpr() -> None:
+    from privacylab.defend import defense_row
+
+    full = {"attack": "rmia", "adaptive": True, "examples": 5000, "members": 2500,
+            "tpr_at_01pct_fpr": 0.02, "auc": 0.7, "balanced_accuracy": 0.6,
+            "epsilon_lower_bound": 0.5}  # fmt: skip
+    small = {**full, "attack": "boundary", "examples": 200, "members": 100,
+             "tpr_at_01pct_fpr": 0.3, "auc": 0.8}  # fmt: skip
+    row = defense_row(parse_defense("none"), Access.SCORES, 0.7, 1.0, None, [full, small])
+    assert row["best"]["attack"] == "rmia"
+    assert row["best_auc"]["attack"] == "boundary"
+    alone = defense_row(parse_defense("none"), Access.SCORES, 0.7, 1.0, None, [small])
+    assert alone["best"]["attack"] == "boundary"  # nothing better resolved: the best there is

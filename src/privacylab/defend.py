@@ -502,8 +502,18 @@ def _metrics(
     }
 
 
+RESOLVING_NONMEMBERS = 1000
+"""Non-members an attack must have scored for its TPR at 0.1% FPR to rank it the strongest:
+with fewer, the lowest FPR it can measure is above 0.1% (a subsampled attack on 100
+non-members measures TPR at 0% of 100, which overstates TPR at 0.1%)."""
+
+
 def _strongest(rows: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
     scored = [r for r in rows if r.get(key) is not None and "skipped" not in r]
+    if key == "tpr_at_01pct_fpr" and scored:
+        counts = [r["examples"] - r["members"] for r in scored]
+        enough = min(RESOLVING_NONMEMBERS, max(counts))
+        scored = [r for r, n in zip(scored, counts, strict=True) if n >= enough]
     if not scored:
         return None
     return max(scored, key=lambda r: (r[key], r.get("auc") or 0.0))
@@ -519,7 +529,8 @@ def defense_row(
     note: str | None = None,
 ) -> dict[str, Any]:
     """One frontier row (the `privacylab defend --json` contract): the defence, its accuracy,
-    every attack row, and the strongest attack by TPR at 0.1% FPR and by AUC."""
+    every attack row, and the strongest attack by TPR at 0.1% FPR (among attacks that scored
+    enough non-members to measure it, `RESOLVING_NONMEMBERS`) and by AUC."""
     best = _strongest(attacks, "tpr_at_01pct_fpr")
     best_auc = _strongest(attacks, "auc")
     info = defense.to_dict()
