@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -434,20 +433,17 @@ def seeded_generator(seed: int) -> torch.Generator:
 
 
 def accuracy(model: nn.Module, data: Dataset, chunk: int = 4096) -> float:
-    """Fraction of `data` that `model` labels correctly (evaluation mode, no gradients)."""
+    """Fraction of `data` that `model` labels correctly: evaluation mode (then restored), no
+    gradients, on whatever device the model is."""
     if len(data) == 0:
         return float("nan")
     was = model.training
     model.eval()
+    device = next(model.parameters()).device
     correct = 0
     with torch.no_grad():
         for i in range(0, len(data), chunk):
-            out = model(data.features[i : i + chunk])
-            correct += int((out.argmax(1) == data.labels[i : i + chunk]).sum())
+            out = model(data.features[i : i + chunk].to(device))
+            correct += int((out.argmax(1).cpu() == data.labels[i : i + chunk]).sum())
     model.train(was)
     return correct / len(data)
-
-
-def as_rows(indices: Any) -> np.ndarray:
-    """Indices as a sorted int64 array."""
-    return np.sort(np.asarray(indices, dtype=np.int64))

@@ -34,6 +34,7 @@ from privacylab.defenses.base import (
     ModelBuilder,
     Parameter,
     TrainingDefense,
+    accuracy,
     register_defense,
 )
 from privacylab.models import ModelError, ModelSpec, load_model, save_model
@@ -145,12 +146,5 @@ class Stacking(TrainingDefense):
 
 @torch.no_grad()
 def accuracy_on(model: nn.Module, data: Dataset, chunk: int = 4096) -> float:
-    """Fraction of `data` that `model` (eval mode, on whatever device it is) labels
-    correctly."""
-    model.eval()
-    device = next(model.parameters()).device
-    correct = 0
-    for i in range(0, len(data), chunk):
-        out = model(data.features[i : i + chunk].to(device))
-        correct += int((out.argmax(1).cpu() == data.labels[i : i + chunk]).sum())
-    return correct / len(data)
+    """Fraction of `data` that `model` labels correctly (`privacylab.defenses.base.accuracy`)."""
+    return accuracy(model, data, chunk)
