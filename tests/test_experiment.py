@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from privacylab.attacks.membership import AttackError
 from privacylab.cli import app
+from privacylab.execution import ResultStore
 from privacylab.experiment import DEFAULT_ATTACKS, RunConfig, resolve_attacks, run_experiment
 
 runner = CliRunner()
@@ -104,6 +105,13 @@ def test_cli_run_json_and_attack_membership_on_a_saved_model(tmp_path: Path) -> 
     payload = json.loads(result.stdout.strip().splitlines()[-1])
     assert payload == json.loads((out / "results.json").read_text())
     assert [t["name"] for t in payload["targets"]] == ["non-private", "dp-eps4"]
+    # the default defence section: output defences on the non-private target, no training
+    rows = payload["defenses"]["rows"]
+    assert [r["defense"] for r in rows] == ["none", "topk:1", "rounding:1", "label-only"]
+    assert {r["test_accuracy"] for r in rows} == {payload["targets"][0]["test_accuracy"]}
+    assert (out / "defense_frontier.png").is_file()
+    with ResultStore(out / "cache" / "store.sqlite") as store:
+        assert "defended-targets" not in store.namespaces()
 
     model = tmp_path / "model"
     trained = runner.invoke(
@@ -155,7 +163,7 @@ def test_a_killed_run_resumes_without_retraining(tmp_path: Path) -> None:
     store = out / "cache" / "store.sqlite"
     args = [sys.executable, "-m", "privacylab", "run", "--dataset", "digits", "--widths", "32",
             "--epsilons", "4", "--members", "150", "--references", "6", "--epochs", "15",
-            "--workers", "1", "--attacks", "loss", "--audits", "none",
+            "--workers", "1", "--attacks", "loss", "--audits", "none", "--defenses", "off",
             "--out", str(out)]  # fmt: skip
 
     def stored() -> int:
