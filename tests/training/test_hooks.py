@@ -78,6 +78,21 @@ MEASURED_ON = ("2.13.0", "AVX512", 2)
 floating-point sums may round differently with other kernels or another split of the work, so
 elsewhere only the no-hook/idle-hook equality and ε are compared."""
 
+OTHER_HOST = {
+    "9a40156bf2c79debc7a827c56a7a0a9897d045be87330cf46495d9ece04ace6f": (
+        "21a60990126b0da95bba16bfc077f8ed0bb0bae344e9ec6350989b18771a09cc"
+    ),
+    "b2e5f7964df381f8352993288e9eb96a68254bc18ca458b7d60472c2b3f29fff": (
+        "d4b0e5bfe2ef598da1fa44c205387185574bab25a31afa5657e0c466acfd0c7f"
+    ),
+    "25091a4b8139cf9821f31fc61e57fcc07b52fb46dcd87e088e6eba6e2b105f88": (
+        "8d3eb5e44cd6ecfaf3a693c603dbcbb03755ecf2f1b26f89cb13076cf2043e39"
+    ),
+}
+"""The same runs on a second AVX512 host (Intel Xeon @ 2.80GHz, the same torch and thread
+count) whose kernels round differently, measured with the pre-hooks trainer (cfccb19) as with
+this one: either host's digest is the trainer unchanged."""
+
 
 @pytest.mark.parametrize(("config", "digest", "epsilon"), BEFORE_HOOKS)
 def test_without_hooks_training_is_bit_identical_to_before(digits, config, digest, epsilon):
@@ -89,7 +104,7 @@ def test_without_hooks_training_is_bit_identical_to_before(digits, config, diges
         torch.get_num_threads(),
     )
     if here == MEASURED_ON:
-        assert _digest(plain.model) == digest
+        assert _digest(plain.model) in (digest, OTHER_HOST[digest])
     # ε comes from the PLD accountant's floating-point sums: equal to 1e-9 across numpy/scipy
     # versions, not to the last digit
     spent = plain.privacy.epsilon if plain.privacy else None
