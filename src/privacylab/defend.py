@@ -57,7 +57,7 @@ from privacylab.attacks.membership.references import (
     train_references,
 )
 from privacylab.attacks.membership.result import AttackError
-from privacylab.data import Dataset, load_dataset, membership_split
+from privacylab.data import Dataset, balanced_subsample, load_dataset, membership_split
 from privacylab.defenses import (
     Defense,
     DefenseData,
@@ -67,7 +67,13 @@ from privacylab.defenses import (
     parse_defenses,
 )
 from privacylab.defenses.fitting import load_defended, train_defended
-from privacylab.execution import ResultStore, config_key, durable_map, make_executor
+from privacylab.execution import (
+    ResultStore,
+    config_key,
+    durable_map,
+    make_executor,
+    progress_counter,
+)
 from privacylab.execution.executor import torch_threads
 from privacylab.models import load_model, model_options
 from privacylab.report import membership_metrics
@@ -270,17 +276,6 @@ def defense_split(n: int, members: int, population: int, holdout: int, seed: int
     return DefenseSplit(split.target_members, split.target_nonmembers, split.population, *blocks)
 
 
-def _tick(progress: Progress | None, stage: str, total: int) -> Callable[..., None]:
-    done = [0]
-
-    def tick(*_: Any) -> None:
-        done[0] += 1
-        if progress:
-            progress(stage, done[0], total)
-
-    return tick
-
-
 @dataclass(eq=False)
 class _Models:
     """The trained models of one evaluation: the undefended target and references, and per
@@ -314,7 +309,12 @@ def _train_models(
         }
     }
     trained = durable_map(
-        train_one, base_jobs, store, "targets", executor, on_done=_tick(progress, "target", 1)
+        train_one,
+        base_jobs,
+        store,
+        "targets",
+        executor,
+        on_done=progress_counter(progress, "target", 1),
     )
     target = load_model(trained[base_key]["folder"])[0]
     references = train_references(
@@ -326,7 +326,7 @@ def _train_models(
         store=store,
         executor=executor,
         seed=config.seed,
-        on_done=_tick(progress, "references", config.references),
+        on_done=progress_counter(progress, "references", config.references),
     )
     training = [d for d in defenses if isinstance(d, TrainingDefense)]
     recipes = {d.spec: Recipe(**{**base.__dict__, "defense": d.spec}) for d in training}
@@ -347,7 +347,7 @@ def _train_models(
         store,
         "defended-targets",
         executor,
-        on_done=_tick(progress, "defended targets", len(jobs)),
+        on_done=progress_counter(progress, "defended targets", len(jobs)),
     )
     defended = {}
     for (spec, _), key in zip(recipes.items(), jobs, strict=True):
@@ -364,7 +364,9 @@ def _train_models(
             store=store,
             executor=executor,
             seed=config.seed,
-            on_done=_tick(progress, f"references with {labels[spec]}", config.references),
+            on_done=progress_counter(
+                progress, f"references with {labels[spec]}", config.references
+            ),
             worker=train_defended,
             loader=load_defended,
             job_extra={
@@ -381,35 +383,19 @@ def _task(
     pool: ReferencePool,
     reference_defense: OutputDefense | None = None,
 ) -> MembershipTask:
-    return MembershipTask(
-        data.features[split.candidates],
-        data.labels[split.candidates],
-        data.num_classes,
-        data.features[split.population],
-        data.labels[split.population],
-        pool.models,
-        pool.task_keep(len(split.population)),
-        reference_defense=reference_defense,
+    keep = pool.task_keep(len(split.population))
+    return MembershipTask.from_rows(
+        data, split.candidates, split.population, pool.models, keep, reference_defense
     )
-
-
-def _accuracy(target: Target, data: Dataset, rows: np.ndarray) -> float:
-    if len(rows) == 0:
-        return float("nan")
-    return float((target.labels(data.features[rows]) == data.labels[rows]).float().mean())
-
-
-def _subsample(membership: np.ndarray, per_side: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    picks = [rng.permutation(np.flatnonzero(membership == side))[:per_side] for side in (1, 0)]
-    return np.sort(np.concatenate(picks))
 
 
 def _uses_references(name: str) -> bool:
     return "references" in ATTACKS.get(name).threat_model.side_information
 
 
-def attack_plan(defense: Defense, attacks: Sequence[str]) -> list[tuple[str, str, bool]]:
+def attack_plan(
+    defense: Defense, attacks: Sequence[str], serves: Access | None = None
+) -> list[tuple[str, str, bool]]:
     """(attack, references, adaptive) for each attack run on `defense`: references "plain"
     (undefended references, queried plainly) or "defended" (references that saw the defence:
     queried through an output defence, or trained with a training-time one).
@@ -418,16 +404,19 @@ def attack_plan(defense: Defense, attacks: Sequence[str]) -> list[tuple[str, str
     do not run once and count as adaptive (nothing they use depends on knowing the defence).
     Label-only attacks against a label-keeping output defence see exactly what they would see
     without it: they run once, adaptively. On the undefended model ("none") every attack runs
-    once, on the plain references, and counts as adaptive (there is nothing to adapt to)."""
+    once, on the plain references, and counts as adaptive (there is nothing to adapt to). An
+    attack needing more than the defended deployment `serves` is planned once (it is reported
+    as skipped)."""
     plan = []
     for name in attacks:
-        label_only = ATTACKS.get(name).access is Access.LABEL
-        if isinstance(defense, TrainingDefense) or not defense.changes:
-            keeps_view = False
-        else:
-            keeps_view = label_only and getattr(defense, "keeps_label", True)
+        needs = ATTACKS.get(name).access
+        keeps_view = (
+            isinstance(defense, OutputDefense) and needs is Access.LABEL and defense.keeps_label
+        )
         if defense.kind == "none":
             plan.append((name, "plain", True))
+        elif serves is not None and not serves.allows(needs):
+            plan.append((name, "plain", False))
         elif not _uses_references(name) or keeps_view:
             plan.append((name, "defended", True))
         else:
@@ -447,17 +436,15 @@ def _evaluate(
 ) -> list[dict[str, Any]]:
     """Every planned attack on `target`: metric rows with `adaptive` and `references`."""
     rows = []
-    small = _subsample(membership, config.subsample, config.seed)
+    small = balanced_subsample(membership, config.subsample, config.seed)
     subsampled = subsampled_attacks()
-    plan = attack_plan(defense, attacks)
+    plan = attack_plan(defense, attacks, target.access)
     with torch_threads(1):
         for i, (name, refs, adaptive) in enumerate(plan):
             if progress:
                 progress(f"{defense.label}: attack {name}", i, len(plan))
             needs = ATTACKS.get(name).access
             if not target.access.allows(needs):
-                if any(r["attack"] == name for r in rows):
-                    continue
                 rows.append(
                     {
                         "attack": name,
@@ -681,8 +668,10 @@ def _evaluate_one(
         tasks = {"plain": plain_task, "defended": plain_task}
     rows = _evaluate(defense, target, tasks, membership, attacks, config, progress)
     with torch_threads(1):
-        test_accuracy = _accuracy(target, data, split.nonmembers)
-        train_accuracy = _accuracy(target, data, split.members)
+        test_accuracy = target.accuracy(
+            data.features[split.nonmembers], data.labels[split.nonmembers]
+        )
+        train_accuracy = target.accuracy(data.features[split.members], data.labels[split.members])
     return defense_row(defense, target.access, test_accuracy, train_accuracy, epsilon, rows)
 
 

@@ -40,8 +40,20 @@ from privacylab.attacks.membership.references import (
     train_references,
 )
 from privacylab.attacks.membership.result import AttackError
-from privacylab.data import Dataset, load_dataset, membership_split, train_test_indices
-from privacylab.execution import ResultStore, config_key, durable_map, make_executor
+from privacylab.data import (
+    Dataset,
+    balanced_subsample,
+    load_dataset,
+    membership_split,
+    train_test_indices,
+)
+from privacylab.execution import (
+    ResultStore,
+    config_key,
+    durable_map,
+    make_executor,
+    progress_counter,
+)
 from privacylab.execution.executor import torch_threads
 from privacylab.models import load_model
 from privacylab.report import membership_metrics
@@ -266,26 +278,6 @@ Progress = Callable[[str, float, float], None]
 """progress(stage, done, total)."""
 
 
-def _counter(
-    progress: Progress | None, stage: str, total: int
-) -> Callable[[str, dict[str, Any], bool], None]:
-    """An `on_done` callback that reports each finished (or reused) unit of `stage`."""
-    done = [0]
-
-    def tick(key: str, value: dict[str, Any], cached: bool) -> None:
-        done[0] += 1
-        if progress:
-            progress(stage, done[0], total)
-
-    return tick
-
-
-def _subsample(membership: np.ndarray, per_side: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    picks = [rng.permutation(np.flatnonzero(membership == side))[:per_side] for side in (1, 0)]
-    return np.sort(np.concatenate(picks))
-
-
 def attack_target(
     target: Target,
     task: MembershipTask,
@@ -304,7 +296,7 @@ def attack_target(
     """
     with torch_threads(1):
         results = []
-        small = _subsample(membership, subsample, seed)
+        small = balanced_subsample(membership, subsample, seed)
         small_task = task.subset(small)
         for i, name in enumerate(attacks):
             if progress:
@@ -371,7 +363,7 @@ def prepare_games(
             store,
             "targets",
             executor,
-            on_done=_counter(progress, "train targets", len(target_jobs)),
+            on_done=progress_counter(progress, "train targets", len(target_jobs)),
         )
         for index, ((name, recipe), key) in enumerate(zip(recipes, target_jobs, strict=True)):
             pool = train_references(
@@ -383,14 +375,14 @@ def prepare_games(
                 store=store,
                 executor=executor,
                 seed=config.seed + index,
-                on_done=_counter(progress, f"references for {name}", config.references),
+                on_done=progress_counter(progress, f"references for {name}", config.references),
             )
             model, _, _ = load_model(trained[key]["folder"])
             target = Target(model, "white-box", data.num_classes, device=config.device)
             keep = pool.task_keep(len(split.population))
-            task = _task(data, candidates, split.population, pool.models, keep)
+            task = MembershipTask.from_rows(data, candidates, split.population, pool.models, keep)
             nonmembers = split.target_nonmembers
-            accuracy = _accuracy(target, data.features[nonmembers], data.labels[nonmembers])
+            accuracy = target.accuracy(data.features[nonmembers], data.labels[nonmembers])
             yield Game(name, recipe, trained[key], target, task, membership, accuracy, candidates)
 
 
@@ -551,30 +543,6 @@ def run_experiment(
     return payload
 
 
-def _task(
-    data: Dataset,
-    candidates: np.ndarray,
-    population: np.ndarray,
-    references: list[torch.nn.Module],
-    keep: np.ndarray,
-) -> MembershipTask:
-    return MembershipTask(
-        data.features[candidates],
-        data.labels[candidates],
-        data.num_classes,
-        data.features[population],
-        data.labels[population],
-        references,
-        keep,
-    )
-
-
-def _accuracy(target: Target, x: Any, y: Any) -> float:
-    if len(y) == 0:
-        return float("nan")
-    return float((target.labels(x) == y).float().mean())
-
-
 def audit_epsilons(
     config: RunConfig, cache: Path, progress: Progress | None = None
 ) -> list[dict[str, Any]]:
@@ -689,15 +657,15 @@ def model_game(
             store=store,
             executor=make_executor("local", workers),
             seed=seed,
-            on_done=_counter(progress, "references", references),
+            on_done=progress_counter(progress, "references", references),
             train_fn=train_fn,
         )
     target = Target(model, "white-box", data.num_classes, device=device, outputs=outputs)
-    task = _task(data, candidates, population, pool.models, pool.keep)
-    accuracy = _accuracy(target, data.features[nonmembers], data.labels[nonmembers])
+    task = MembershipTask.from_rows(data, candidates, population, pool.models, pool.keep)
+    accuracy = target.accuracy(data.features[nonmembers], data.labels[nonmembers])
     record = {
         "folder": None,
-        "train_accuracy": _accuracy(target, data.features[members], data.labels[members]),
+        "train_accuracy": target.accuracy(data.features[members], data.labels[members]),
         "epsilon": epsilon,
     }
     return Game(name, recipe, record, target, task, membership, accuracy, candidates)

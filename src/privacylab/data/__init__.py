@@ -12,7 +12,7 @@ from privacylab.data.dataset import Dataset, split_train_test, train_test_indice
 from privacylab.data.errors import DataError
 from privacylab.data.idx import read_idx
 from privacylab.data.registry import available_datasets, load_dataset, register_dataset
-from privacylab.data.splits import MembershipSplit, membership_split
+from privacylab.data.splits import MembershipSplit, balanced_subsample, membership_split
 
 __all__ = [
     "CANARY_KINDS",
@@ -21,6 +21,7 @@ __all__ = [
     "MembershipSplit",
     "NumpyOnlyUnpickler",
     "available_datasets",
+    "balanced_subsample",
     "insert_canaries",
     "load_dataset",
     "load_numpy_pickle",

@@ -83,3 +83,12 @@ def membership_split(
         n=n,
         seed=seed,
     )
+
+
+def balanced_subsample(membership: np.ndarray, per_side: int, seed: int) -> np.ndarray:
+    """Sorted positions of at most `per_side` members (1) and `per_side` non-members (0) of
+    `membership`, each side drawn by a seeded permutation (for attacks too costly to run on
+    every candidate)."""
+    rng = np.random.default_rng(seed)
+    picks = [rng.permutation(np.flatnonzero(membership == side))[:per_side] for side in (1, 0)]
+    return np.sort(np.concatenate(picks))

@@ -10,6 +10,7 @@ from privacylab.execution.executor import (
     TaskError,
     durable_map,
     make_executor,
+    progress_counter,
 )
 from privacylab.execution.store import SCHEMA_VERSION, ResultStore, StoreError, config_key
 
@@ -29,6 +30,7 @@ __all__ = [
     "config_key",
     "durable_map",
     "make_executor",
+    "progress_counter",
 ]
 
 

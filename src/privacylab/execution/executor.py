@@ -248,6 +248,21 @@ def make_executor(
     return EXECUTOR_FACTORIES.make(key, workers, address)
 
 
+def progress_counter(
+    progress: Callable[[str, float, float], None] | None, stage: str, total: int
+) -> Callable[[str, dict[str, Any], bool], None]:
+    """An `on_done` callback for `durable_map` that reports each finished (or reused) unit of
+    `stage` as `progress(stage, done, total)`; does nothing without `progress`."""
+    done = [0]
+
+    def tick(key: str, value: dict[str, Any], cached: bool) -> None:
+        done[0] += 1
+        if progress:
+            progress(stage, done[0], total)
+
+    return tick
+
+
 def durable_map(
     fn: Callable[[T], Mapping[str, Any]],
     tasks: Mapping[str, T],

@@ -231,6 +231,13 @@ class Target:
             return self._probabilities(raw).argmax(1)
         return self._defended(raw).argmax(1)
 
+    def accuracy(self, x: Tensor | np.ndarray, y: Tensor | np.ndarray) -> float:
+        """Fraction of `x` whose predicted label is `y` (one label query per example; NaN for
+        no examples)."""
+        if len(y) == 0:
+            return float("nan")
+        return float((self.labels(x) == torch.as_tensor(y)).float().mean())
+
     def probabilities(self, x: Tensor | np.ndarray) -> Tensor:
         """Probability vectors (n, classes); needs scores access."""
         self.require(Access.SCORES)

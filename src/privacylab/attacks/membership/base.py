@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from privacylab.attacks.core import Attack, ThreatModel, execute
 from privacylab.attacks.membership.result import AttackError, MembershipResult
+from privacylab.data import Dataset
 from privacylab.registry import Registry
 from privacylab.target import Access, Outputs, Target
 from privacylab.target.target import OutputDefense
@@ -84,6 +85,29 @@ class MembershipTask:
             expected = (len(self.references), self.n + self.m)
             if self.keep.shape != expected:
                 raise AttackError(f"keep mask has shape {self.keep.shape}, expected {expected}")
+
+    @classmethod
+    def from_rows(
+        cls,
+        data: Dataset,
+        candidates: np.ndarray,
+        population: np.ndarray,
+        references: list[nn.Module],
+        keep: np.ndarray,
+        reference_defense: OutputDefense | None = None,
+    ) -> MembershipTask:
+        """The task whose candidates and population are the dataset rows `candidates` and
+        `population` (`keep` indexes candidates then population)."""
+        return cls(
+            data.features[candidates],
+            data.labels[candidates],
+            data.num_classes,
+            data.features[population],
+            data.labels[population],
+            references,
+            keep,
+            reference_defense=reference_defense,
+        )
 
     @property
     def n(self) -> int:
