@@ -63,6 +63,7 @@ from privacylab.defenses import (
     DefenseData,
     DefenseError,
     OutputDefense,
+    QueryDefense,
     TrainingDefense,
     parse_defenses,
 )
@@ -170,6 +171,11 @@ class DefendConfig:
         defenses = self.parsed_defenses()
         access = Access.parse(self.access)
         for defense in defenses:
+            if isinstance(defense, QueryDefense):
+                raise DefenseError(
+                    f"{defense.label} watches the query stream against model extraction; "
+                    "use it with `privacylab attack extraction --defense`"
+                )
             if isinstance(defense, OutputDefense):
                 defense.check_applies(access)
             if isinstance(defense, TrainingDefense):

@@ -1,7 +1,9 @@
 """Defences against membership inference: output post-processors and training-time defences,
-one small module each behind `OutputDefense` / `TrainingDefense` (`privacylab.defenses.base`).
+one small module each behind `OutputDefense` / `TrainingDefense` (`privacylab.defenses.base`);
+watches on the query stream against model extraction (query budgets, PRADA) behind
+`QueryDefense`; ownership watermarks (`privacylab.defenses.watermark`).
 
-Every module of `privacylab.defenses.output` and `privacylab.defenses.training` is imported
+Every module of `privacylab.defenses.output`, `.training` and `.query` is imported
 here, so a defence registered with `@register_defense` in a new file there joins
 `defense_names()`, `parse_defense`, the CLI and the contract tests with no other edit.
 """
@@ -16,6 +18,7 @@ from privacylab.defenses.base import (
     NoDefense,
     OutputDefense,
     Parameter,
+    QueryDefense,
     TrainingDefense,
     defense_names,
     make_defense,
@@ -27,6 +30,7 @@ from privacylab.registry import discover
 
 discover("privacylab.defenses.output")
 discover("privacylab.defenses.training")
+discover("privacylab.defenses.query")
 
 __all__ = [
     "DEFENSES",
@@ -38,6 +42,7 @@ __all__ = [
     "NoDefense",
     "OutputDefense",
     "Parameter",
+    "QueryDefense",
     "TrainingDefense",
     "defense_names",
     "make_defense",

@@ -52,6 +52,7 @@ __all__ = [
     "NoDefense",
     "OutputDefense",
     "Parameter",
+    "QueryDefense",
     "TrainingDefense",
     "defense_names",
     "make_defense",
@@ -117,7 +118,7 @@ class Parameter:
 class Defense(ABC):
     """A defence against membership inference, configured in the constructor.
 
-    Subclasses declare `name`, `kind` ("none", "output" or "training"), `changes` (what it
+    Subclasses declare `name`, `kind` ("none", "output", "training" or "query"), `changes` (what it
     touches: "outputs", "training"), `parameters` and `paper`. `params` holds the checked
     values; `spec` is the canonical spec string (`topk:k=1`), which also keys the result store.
     """
@@ -269,6 +270,34 @@ class OutputDefense(Defense):
         answers pass through this defence (after any defence the target already has)."""
         self.check_applies(target.access)
         return target.with_output_defense(self, self.serves)
+
+
+class QueryDefense(Defense):
+    """A watch on the query stream of one client: a query budget or a stateful detector (PRADA,
+    Juuti et al. 2019). `defend(target)` returns a view of `target` that shows every query
+    batch of that client to `observe` (which may raise to refuse it; `QueryBudgetError` for a
+    spent budget) and answers as the target does. `verdict()` is the JSON-ready finding
+    after the client's run: at least `detected` (bool) and `queries_until_detection` (int or
+    None). One instance watches one client; `fresh()` is an unused copy for another."""
+
+    kind = "query"
+    changes = ("queries",)
+
+    @abstractmethod
+    def observe(self, x: Tensor) -> None:
+        """See one query batch `x` before it is answered; raise to refuse it."""
+
+    @abstractmethod
+    def verdict(self) -> dict[str, Any]:
+        """What the watch found so far: `detected`, `queries_until_detection`, and more."""
+
+    def defend(self, target: Target) -> Target:
+        """A view of `target` whose queries this watch sees first."""
+        return target.with_monitor(self.observe)
+
+    def fresh(self) -> QueryDefense:
+        """An unused instance with the same parameters (another client's watch)."""
+        return type(self)(**self.params)
 
 
 class TrainingDefense(Defense):

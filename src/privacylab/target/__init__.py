@@ -2,13 +2,14 @@
 budgets, and where output defences and query monitors plug in."""
 
 from privacylab.target.access import Access, AccessError, QueryBudgetError, TargetError
-from privacylab.target.target import OutputDefense, Outputs, QueryMonitor, Target
+from privacylab.target.target import OutputDefense, Outputs, Precision, QueryMonitor, Target
 
 __all__ = [
     "Access",
     "AccessError",
     "OutputDefense",
     "Outputs",
+    "Precision",
     "QueryBudgetError",
     "QueryMonitor",
     "Target",

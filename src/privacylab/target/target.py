@@ -16,7 +16,14 @@ Hooks. An output defence (a function of the probability vectors, e.g. rounding o
 plugs in as `output_defense` and is applied before anything is returned. A query monitor
 (`query_monitor(x)`) sees every query batch before it is answered, white-box forward passes
 included, and may raise to refuse it — where stateful detectors such as PRADA (Juuti et al.
-2019) plug in.
+2019) plug in. A view may add its own monitor (`with_monitor`) and its own, tighter budget
+(`with_budget`): they apply to the queries through that view (and its views) only, on top of
+the shared ones — a view only ever restricts.
+
+Precision. With `precision="float64"` the target answers in float64: it runs a float64 copy
+of the model (the caller's model is not converted) on float64 inputs and returns float64
+outputs, as the cryptanalytic extraction of Carlini et al. 2020 assumes of the API. The default
+"float32" returns float32 outputs.
 
 Outputs. With `outputs="logits"` (default) the model returns logits and the target applies
 softmax; on the first query the target checks that they are not already probability vectors
@@ -28,6 +35,7 @@ probabilities back). Every batch is checked to have shape (n, num_classes) and f
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -42,6 +50,7 @@ from privacylab.target.access import Access, AccessError, QueryBudgetError, Targ
 OutputDefense = Callable[[Tensor], Tensor]
 QueryMonitor = Callable[[Tensor], None]
 Outputs = Literal["logits", "probabilities"]
+Precision = Literal["float32", "float64"]
 
 PROBABILITY_TOLERANCE = 1e-4
 """How close to 1 every row must sum for model outputs to be taken for probability vectors."""
@@ -64,7 +73,7 @@ class Target:
     `output_defense` post-processes probability vectors; `query_monitor` sees every query batch
     and may raise to refuse it; `outputs` says whether the model returns logits or
     probabilities; `batch_size` bounds the size of one forward pass; `device` is where the
-    model runs.
+    model runs; `precision` ("float32" or "float64") is the dtype of its answers.
     """
 
     def __init__(
@@ -79,8 +88,11 @@ class Target:
         outputs: Outputs = "logits",
         device: str | torch.device = "cpu",
         batch_size: int = 4096,
+        precision: Precision = "float32",
     ) -> None:
         self.access = Access.parse(access)
+        if precision not in ("float32", "float64"):
+            raise TargetError(f'precision must be "float32" or "float64", got {precision!r}')
         if query_budget is not None and (isinstance(query_budget, bool) or query_budget < 0):
             raise ValueError(f"query budget must be a whole number >= 0, got {query_budget!r}")
         if int(num_classes) < 1:
@@ -92,10 +104,16 @@ class Target:
         self.outputs: Outputs = outputs
         self.device = torch.device(device)
         self.batch_size = int(batch_size)
+        self.precision: Precision = precision
+        self.dtype = torch.float64 if precision == "float64" else torch.float32
+        if precision == "float64":
+            model = copy.deepcopy(model).double()
         self._model = model.to(self.device).eval()
         self._ledger = _Ledger(query_budget, query_monitor)
         self._parent: Target | None = None
         self._queries = 0
+        self._own_budget: int | None = None
+        self._own_monitor: QueryMonitor | None = None
 
     @property
     def query_budget(self) -> int | None:
@@ -125,6 +143,25 @@ class Target:
         view.access = access
         view._parent = self
         view._queries = 0
+        view._own_budget = None
+        view._own_monitor = None
+        return view
+
+    def with_monitor(self, monitor: QueryMonitor) -> Target:
+        """A view at this target's level whose query batches are also shown to `monitor`
+        (after the monitors of this target and its parents), which may raise to refuse them;
+        the parent's queries are not shown to it."""
+        view = self.with_access(self.access)
+        view._own_monitor = monitor
+        return view
+
+    def with_budget(self, budget: int) -> Target:
+        """A view at this target's level that may send at most `budget` examples (on top of
+        the shared budget): QueryBudgetError past it."""
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValueError(f"query budget must be a whole number >= 1, got {budget!r}")
+        view = self.with_access(self.access)
+        view._own_budget = budget
         return view
 
     def with_output_defense(self, defense: OutputDefense, serves: Access | str) -> Target:
@@ -158,6 +195,15 @@ class Target:
         self.require(Access.WHITEBOX)
         return _CountingModule(self._model, self)
 
+    def _chain(self) -> list[Target]:
+        """This target, its parent, ..., the root: outermost view first."""
+        nodes: list[Target] = []
+        node: Target | None = self
+        while node is not None:
+            nodes.append(node)
+            node = node._parent
+        return nodes
+
     def _count(self, x: Tensor) -> None:
         n = int(x.shape[0])
         ledger = self._ledger
@@ -166,8 +212,18 @@ class Target:
                 f"query budget of {ledger.budget} examples exhausted "
                 f"({ledger.total} used, {n} more asked)"
             )
+        chain = self._chain()
+        for node in chain:
+            if node._own_budget is not None and node._queries + n > node._own_budget:
+                raise QueryBudgetError(
+                    f"query budget of {node._own_budget} examples exhausted "
+                    f"({node._queries} used, {n} more asked)"
+                )
         if ledger.monitor is not None:
             ledger.monitor(x.detach())
+        for node in reversed(chain):
+            if node._own_monitor is not None:
+                node._own_monitor(x.detach())
         ledger.total += n
         node: Target | None = self
         while node is not None:
@@ -208,11 +264,12 @@ class Target:
         self._count(x)
         outs = []
         for i in range(0, int(x.shape[0]), self.batch_size):
-            out = self._model(x[i : i + self.batch_size].to(self.device)).float()
+            batch = x[i : i + self.batch_size].to(self.device, self.dtype)
+            out = self._model(batch).to(self.dtype)
             self._check(out)
             outs.append(out)
         if not outs:
-            return torch.zeros(0, self.num_classes)
+            return torch.zeros(0, self.num_classes, dtype=self.dtype)
         return torch.cat(outs).cpu()
 
     def _probabilities(self, raw: Tensor) -> Tensor:
