@@ -33,7 +33,7 @@ from privacylab.attacks.core import Attack, ThreatModel, execute
 from privacylab.errors import PrivacylabError
 from privacylab.models import ModelSpec
 from privacylab.registry import Registry
-from privacylab.target import Access, Target
+from privacylab.target import Target
 
 __all__ = [
     "EXTRACTION_ATTACKS",
@@ -332,7 +332,9 @@ def run_extraction(
     curve = []
     for queries, model in snapshots:
         labels = predicted_labels(model, truth.x)
-        curve.append(CurvePoint(int(queries), agreement(labels, y), agreement(labels, victim_labels)))
+        curve.append(
+            CurvePoint(int(queries), agreement(labels, y), agreement(labels, victim_labels))
+        )
     exact = None
     if attack.exact:
         from privacylab.attacks.extraction.metrics import exact_report
@@ -399,4 +401,3 @@ def layers_module(layers: list[Layer], input_shape: tuple[int, ...] | None = Non
         if i < len(layers) - 1:
             modules.append(nn.ReLU())
     return nn.Sequential(*modules).eval()
-
