@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     # 6: the main job; 7: bring-your-own-model entry points built on it
     "experiment": 6,
     "defend": 6,
+    "extract": 6,
     "byo": 7,
     # 8: the command line; 9: `python -m privacylab`
     "cli": 8,
@@ -50,7 +51,7 @@ LAYERS: dict[str, int] = {
 }
 """The allowed direction, bottom to top:
 errors <- registry, stats <- accounting <- mechanisms/data/models/execution <- target/training
-<- attacks/audit/defenses/report <- experiment <- byo <- cli <- __main__."""
+<- attacks/audit/defenses/report <- experiment/defend/extract <- byo <- cli <- __main__."""
 
 SAME_LAYER: dict[tuple[str, str], str] = {
     ("experiment", "defend"): "the main job's defence section is the defend job on its targets",
