@@ -80,17 +80,17 @@ def test_view_monitor_sees_only_its_queries_after_the_shared_one() -> None:
 
 
 def test_refusing_monitor_blocks_the_query_and_counts_nothing() -> None:
-    class Refused(RuntimeError):
+    class RefusedError(RuntimeError):
         pass
 
     def refuse(x: torch.Tensor) -> None:
         if len(x) > 2:
-            raise Refused("too many")
+            raise RefusedError("too many")
 
     target = Target(_model(), "scores", 3)
     view = target.with_monitor(refuse)
     view.labels(torch.rand(2, 5))
-    with pytest.raises(Refused):
+    with pytest.raises(RefusedError):
         view.labels(torch.rand(3, 5))
     assert (view.queries, target.queries) == (2, 2)
 

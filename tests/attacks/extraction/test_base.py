@@ -80,9 +80,7 @@ def test_runner_counts_queries_and_scores_against_the_victim() -> None:
     assert result.victim_accuracy == pytest.approx(float((victim_labels == y).double().mean()))
     assert [p.queries for p in result.curve] == [20, 40]
     assert result.to_dict()["curve"][1]["fidelity"] == result.fidelity
-    assert {"method", "queries", "accuracy", "fidelity", "victim_accuracy"} <= set(
-        result.to_dict()
-    )
+    assert {"method", "queries", "accuracy", "fidelity", "victim_accuracy"} <= set(result.to_dict())
 
 
 def test_the_thief_gets_only_its_declared_side_information() -> None:
@@ -158,7 +156,10 @@ def test_relu_layers_round_trip_through_layers_module() -> None:
 @pytest.mark.parametrize(
     ("model", "match"),
     [
-        (nn.Sequential(nn.Flatten(), nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)), "'2' \\(Tanh\\)"),
+        (
+            nn.Sequential(nn.Flatten(), nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)),
+            "'2' \\(Tanh\\)",
+        ),
         (nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten()), "Conv2d"),
         (nn.Sequential(nn.Flatten(), nn.Linear(4, 6), nn.ReLU()), "ending in a Linear"),
         (nn.Sequential(nn.Linear(4, 6), nn.Linear(6, 3)), "'1' \\(Linear\\)"),
