@@ -5,7 +5,7 @@ Every command prints its result on stdout (one JSON object with
 `error: ...` line on stderr.
 """
 
-from privacylab.cli import account, attack, audit, defend, run, train, watermark  # noqa: F401  (register commands)
+from privacylab.cli import account, attack, audit, defend, extraction, run, train, watermark  # noqa: F401  (register commands)
 from privacylab.cli._common import BAD_INPUT, app
 
 __all__ = ["BAD_INPUT", "app"]
