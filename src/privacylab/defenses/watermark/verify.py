@@ -101,14 +101,23 @@ def verify_watermark(
 
     `suspect` is a `Target` (any access level: only labels are asked, and its queries are
     counted and pass through its monitor, budget and output defence) or a bare module that
-    returns logits, wrapped in a label-only `Target`. A suspect with another number of classes
-    or input shape is refused with one line."""
+    returns logits, wrapped in a label-only `Target` (answering in float64 when its weights are
+    float64). A suspect with another number of classes or input shape is refused with one
+    line."""
     threshold = _threshold(threshold)
     if not isinstance(trigger, TriggerSet):
         raise WatermarkError(f"trigger must be a TriggerSet, got {type(trigger).__name__}")
     if isinstance(suspect, nn.Module):
-        device = next((p.device for p in suspect.parameters()), torch.device("cpu"))
-        suspect = Target(suspect, Access.LABEL, trigger.num_classes, device=device)
+        first = next(suspect.parameters(), None)
+        device = first.device if first is not None else torch.device("cpu")
+        wide = first is not None and first.dtype == torch.float64
+        suspect = Target(
+            suspect,
+            Access.LABEL,
+            trigger.num_classes,
+            device=device,
+            precision="float64" if wide else "float32",
+        )
     if not isinstance(suspect, Target):
         raise WatermarkError(
             f"the suspect must be a Target or a torch module, got {type(suspect).__name__}"
