@@ -13,6 +13,7 @@ from privacylab.defenses import (
     DefenseError,
     NoDefense,
     OutputDefense,
+    QueryDefense,
     TrainingDefense,
     parse_defense,
     parse_defenses,
@@ -42,6 +43,8 @@ def test_declarations(name: str) -> None:
     elif issubclass(cls, TrainingDefense):
         assert defense.kind == "training" and defense.changes == ("training",)
         assert set(defense.needs) <= {"holdout", "public"}
+    elif issubclass(cls, QueryDefense):
+        assert defense.kind == "query" and defense.changes == ("queries",)
     else:
         assert cls is NoDefense and defense.changes == ()
     if cls is not NoDefense:
@@ -106,6 +109,22 @@ def test_output_defences_implement_transform() -> None:
         cls = DEFENSES.get(name)
         if issubclass(cls, OutputDefense):
             assert not inspect.isabstract(cls)
+
+
+def test_query_defences_watch_one_client() -> None:
+    """Every query watch (issue 13: PRADA, budgets) starts clean, says so in its verdict, and
+    `fresh()` is an unused watch with the same parameters for another client."""
+    assert {"prada", "budget"} <= set(NAMES)
+    for name in NAMES:
+        cls = DEFENSES.get(name)
+        if not issubclass(cls, QueryDefense):
+            continue
+        assert not inspect.isabstract(cls)
+        defense = cls()
+        verdict = defense.verdict()
+        assert verdict["detected"] is False and verdict["queries_until_detection"] is None
+        other = defense.fresh()
+        assert type(other) is cls and other is not defense and other.params == defense.params
 
 
 def test_list_parsing() -> None:
