@@ -98,12 +98,12 @@ class _FakeCopy(ExtractionAttack):
             done = point
             xs = torch.cat(x_all).flatten(1).numpy()
             ys = torch.cat(y_all).numpy()
-            if len(set(ys.tolist())) < 2:
+            if len(set(ys.tolist())) < 3:  # (binary coef_ has one row)
                 continue
             clf = LogisticRegression(C=self.c, max_iter=300).fit(xs, ys)
             snapshots.append((target.queries, _linear(clf, xs.shape[1], task.num_classes)))
         if not snapshots:
-            raise ExtractionError("fake-copy: fewer than two classes answered")
+            raise ExtractionError("fake-copy: fewer than three classes answered")
         return Stolen(model=snapshots[-1][1], snapshots=snapshots, stopped=stopped)
 
 
