@@ -1,0 +1,381 @@
+"""`relu-exact`: functionally-equivalent extraction of a fully connected ReLU network from
+float64 logits, without knowing its widths or depth.
+
+Rolnick & Kording 2020 (seed 000), Alg. 1 (layer 1: critical points on random lines, a
+hyperplane per neuron, verified on fresh lines) and Alg. 2 (deeper layers: boundaries in the
+space of the known layer's activations), with the exact critical-point location, gradient-jump
+solve, partial-row unification and float64 precision of Carlini, Jagielski & Mironov 2020, and
+the sign recovery of Canales-Martínez et al. 2024 (see `signs`). Depth by depth: collect
+critical points on random lines through the domain; those not on a known neuron's boundary are
+solved for a row of the current layer (`layers.partial_row`), merged by overlap and accepted
+once the seed's kink test passes on fresh lines; when `patience` rounds of lines bring no new
+neuron, the layer is closed, its signs recovered, and the search moves one layer deeper. When a
+layer brings nothing new, the previous one was the last hidden layer: its signs are fixed by the
+exact regression and the output layer by least squares of the logits on [h_L(x), 1].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from privacylab.attacks.core import ThreatModel
+from privacylab.attacks.extraction.base import (
+    ExtractionAttack,
+    ExtractionError,
+    ExtractionTask,
+    Stolen,
+    layers_module,
+    register_extraction,
+)
+from privacylab.attacks.extraction.relu.critical import Kink, Line, find_kinks, gradient_jump
+from privacylab.attacks.extraction.relu.layers import (
+    Cluster,
+    Network,
+    add_to_clusters,
+    kink_at,
+    merge_clusters,
+    partial_row,
+    zero_crossings,
+)
+from privacylab.attacks.extraction.relu.oracle import Oracle
+from privacylab.attacks.extraction.relu.signs import (
+    freeze_sign,
+    last_layer_fit,
+    wiggle_sign,
+)
+from privacylab.target import Access, QueryBudgetError, Target
+
+
+@dataclass
+class _Pending:
+    """A critical point not yet explained by a known neuron, with its gradient-jump direction."""
+
+    kink: Kink
+    u: np.ndarray | None = None
+
+
+@dataclass
+class _Candidate:
+    cluster: Cluster
+    accepted: bool = False
+    tries: int = 0
+    on_boundary: list[np.ndarray] | None = None
+
+
+@register_extraction("relu-exact")
+class ReluExact(ExtractionAttack):
+    """Functionally-equivalent extraction of a fully connected ReLU network (float64 logits).
+
+    `lines_per_round` random lines are searched per round; a layer is closed after `patience`
+    rounds without a new neuron (at most `max_rounds` per layer, `max_depth` layers); `step` is
+    the finite-difference step (relative to the domain width); `verify_lines` fresh lines test
+    each candidate neuron; `explain_tol` is the relative distance to a known boundary under
+    which a critical point is that neuron's."""
+
+    threat_model = ThreatModel(Access.LOGITS, ("bounds",))
+    exact = True
+    needs_float64 = True
+    paper = (
+        "Rolnick & Kording 2020; Carlini, Jagielski & Mironov 2020; Canales-Martinez et al. 2024"
+    )
+
+    def __init__(
+        self,
+        lines_per_round: int = 4,
+        patience: int = 3,
+        max_rounds: int = 60,
+        max_depth: int = 8,
+        step: float = 1e-5,
+        verify_lines: int = 8,
+        explain_tol: float = 1e-8,
+    ) -> None:
+        if lines_per_round < 1 or patience < 1 or max_rounds < 1 or max_depth < 1:
+            raise ExtractionError(
+                "relu-exact: lines_per_round, patience, max_rounds and max_depth must be >= 1"
+            )
+        if not 0 < step < 1:
+            raise ExtractionError(f"relu-exact: step must be in (0, 1), got {step!r}")
+        self.lines_per_round = int(lines_per_round)
+        self.patience = int(patience)
+        self.max_rounds = int(max_rounds)
+        self.max_depth = int(max_depth)
+        self.step = float(step)
+        self.verify_lines = int(verify_lines)
+        self.explain_tol = float(explain_tol)
+
+    def steal(self, target: Target, task: ExtractionTask) -> Stolen:
+        run = _Run(self, target, task)
+        try:
+            run.extract()
+        except QueryBudgetError:
+            run.stopped = "budget"
+        return run.result()
+
+
+class _Run:
+    """One extraction: the state shared by the steps of `ReluExact.steal`."""
+
+    def __init__(self, attack: ReluExact, target: Target, task: ExtractionTask) -> None:
+        self.attack = attack
+        self.task = task
+        self.oracle = Oracle(target, task.input_shape)
+        self.rng = np.random.default_rng(task.seed)
+        self.low, self.high = task.bounds
+        self.width = self.high - self.low
+        self.d = self.oracle.d
+        r = self.rng.standard_normal(self.oracle.k)
+        self.r = r / np.linalg.norm(r)
+        self.net = Network()
+        self.pending: list[_Pending] = []
+        self.output: tuple[np.ndarray, np.ndarray] | None = None
+        self.stopped: str | None = None
+        self.report: list[dict[str, Any]] = []
+        self.kinks_found = 0
+        self.boundary: list[list[np.ndarray]] = []
+        self.step = attack.step * self.width
+
+    def random_point(self) -> np.ndarray:
+        """A uniform input, or (half the time) a random corner of the domain: lines between
+        corners reach the boundaries that cross the box near its faces."""
+        if self.rng.random() < 0.5:
+            return self.rng.uniform(self.low, self.high, self.d)
+        return np.where(self.rng.random(self.d) < 0.5, self.low, self.high).astype(np.float64)
+
+    def random_line(self) -> tuple[np.ndarray, np.ndarray]:
+        x0, x1 = self.random_point(), self.random_point()
+        return x0, x1 - x0
+
+    def explained(self, x: np.ndarray, rows: list[np.ndarray]) -> bool:
+        for depth in range(1, len(self.net.layers) + 1):
+            if np.abs(self.net.preactivations(x[None, :], depth)).min() < self.attack.explain_tol:
+                return True
+        if rows:
+            stacked = np.nan_to_num(np.stack(rows))
+            h = self.net.hidden(x[None, :])[0]
+            w, b = stacked[:, :-1], stacked[:, -1]
+            scale = np.abs(w) @ np.abs(h) + np.abs(b) + 1e-300
+            if (np.abs(w @ h + b) / scale).min() < self.attack.explain_tol:
+                return True
+        return False
+
+    def extract(self) -> None:
+        depth = 1
+        while depth <= self.attack.max_depth:
+            rows, boundary, unexplained = self.search_layer(depth)
+            if rows:
+                self.boundary = boundary
+            if not rows:
+                break
+            w = np.stack([row[:-1] for row in rows])
+            b = np.array([row[-1] for row in rows])
+            missing = np.isnan(w)
+            w = np.nan_to_num(w)
+            self.net.layers.append((w, b))
+            info: dict[str, Any] = {
+                "layer": depth,
+                "neurons": len(rows),
+                "unknown_weights": int(missing.sum()),
+            }
+            self.report.append(info)
+            if unexplained == 0:
+                break
+            info["signs"] = self.intermediate_signs(depth, boundary)
+            depth += 1
+        if not self.net.layers:
+            raise ExtractionError(
+                "relu-exact found no critical point on any line: the target is constant, "
+                "affine, or not a ReLU network"
+            )
+        self.finish()
+
+    def search_layer(self, depth: int) -> tuple[list[np.ndarray], list[list[np.ndarray]], int]:
+        """Rows of layer `depth` (NaN where never observed), points on each row's boundary,
+        and how many critical points remain unexplained by layers 1..depth."""
+        candidates: list[_Candidate] = []
+        stale = rounds = 0
+        while stale < self.attack.patience and rounds < self.attack.max_rounds:
+            rounds += 1
+            for _ in range(self.attack.lines_per_round):
+                x0, v = self.random_line()
+                kinks = find_kinks(Line(self.oracle, x0, v, self.r))
+                self.kinks_found += len(kinks)
+                self.pending.extend(_Pending(k) for k in kinks)
+            accepted_rows = [c.cluster.row for c in candidates if c.accepted]
+            still: list[_Pending] = []
+            clusters = [c.cluster for c in candidates]
+            for item in self.pending:
+                if self.explained(item.kink.x, accepted_rows):
+                    continue
+                still.append(item)
+                if item.u is None:
+                    item.u, _ = gradient_jump(self.oracle, item.kink, self.step)
+                row = partial_row(self.net, depth, item.kink.x, item.u)
+                if row is not None:
+                    add_to_clusters(clusters, row, item.kink.x)
+            self.pending = still
+            known = {id(c.cluster): c for c in candidates}
+            merged = merge_clusters(clusters)
+            candidates = []
+            for cluster in merged:
+                old = next(
+                    (
+                        known[id(c)]
+                        for c in clusters
+                        if id(c) in known and any(p is cluster.points[0] for p in c.points)
+                    ),
+                    None,
+                )
+                cand = old if old is not None else _Candidate(cluster)
+                cand.cluster = cluster
+                candidates.append(cand)
+            new = False
+            for cand in candidates:
+                if not cand.accepted and cand.tries < 3:
+                    cand.tries += 1
+                    ok, points = self.verify(depth, cand.cluster.row)
+                    if ok:
+                        cand.accepted, cand.on_boundary, new = True, points, True
+            stale = 0 if new else stale + 1
+        accepted = [c for c in candidates if c.accepted]
+        rows = []
+        for c in accepted:
+            row = c.cluster.row
+            rows.append(row / np.linalg.norm(np.nan_to_num(row)))
+        boundary = [list(c.cluster.points) + list(c.on_boundary or []) for c in accepted]
+        accepted_rows = [c.cluster.row for c in accepted]
+        self.pending = [p for p in self.pending if not self.explained(p.kink.x, accepted_rows)]
+        return rows, boundary, len(self.pending)
+
+    def verify(self, depth: int, row: np.ndarray) -> tuple[bool, list[np.ndarray]]:
+        """The seed's test: on fresh lines between random inputs on opposite sides of the
+        candidate's boundary, the oracle must kink exactly where the candidate's
+        pre-activation crosses zero (crossings where an unobserved input is active are
+        skipped; the known layers make the crossings free to compute)."""
+        unknown = np.isnan(row[:-1])
+        w, b = np.nan_to_num(row[:-1]), float(row[-1])
+        x = self.rng.uniform(self.low, self.high, (2048, self.d))
+        h = self.net.hidden(x, depth - 1)
+        value = h @ w + b
+        usable = ~(h[:, unknown] > 0).any(1) if unknown.any() else np.ones(len(x), bool)
+        pos, neg = x[(value > 0) & usable], x[(value < 0) & usable]
+        yes = no = masked = 0
+        points: list[np.ndarray] = []
+        if len(pos) == 0 or len(neg) == 0:
+            return False, points
+        for _ in range(self.attack.verify_lines):
+            x0 = pos[self.rng.integers(len(pos))]
+            v = neg[self.rng.integers(len(neg))] - x0
+            for t in zero_crossings(self.net, depth, w, b, x0, v, grid=64)[:3]:
+                at = x0 + t * v
+                if (
+                    unknown.any()
+                    and (self.net.hidden(at[None, :], depth - 1)[0][unknown] > 0).any()
+                ):
+                    continue
+                gap = 1e-5 * self.width / max(float(np.linalg.norm(v)), 1e-300)
+                gap = min(gap, 0.25 * t, 0.25 * (1 - t))
+                seen = kink_at(Line(self.oracle, x0, v, self.r), t, gap)
+                if seen is None:
+                    masked += 1
+                elif seen:
+                    yes += 1
+                    points.append(at)
+                else:
+                    no += 1
+            if yes >= 3 and no == 0:
+                break
+        return (yes >= 2 and no == 0 and yes >= masked), points
+
+    def intermediate_signs(self, depth: int, boundary: list[list[np.ndarray]]) -> dict[str, int]:
+        """Signs of an intermediate layer: the exact freeze test where it applies, else the
+        neuron-wiggle vote (Canales-Martínez et al. 2024)."""
+        w, b = self.net.layers[depth - 1]
+        w, b = w.copy(), b.copy()
+        counts = {"freeze": 0, "wiggle": 0, "undecided": 0}
+        for i, points in enumerate(boundary):
+            verdicts = [
+                freeze_sign(self.oracle, self.net, depth, w, i, x, self.step) for x in points[:6]
+            ]
+            decided = [v for v in verdicts if v is not None]
+            if decided:
+                flip = sum(decided) * 2 < len(decided)
+                counts["freeze"] += 1
+            else:
+                votes = [
+                    wiggle_sign(self.oracle, self.net, depth, w, i, x, self.step)
+                    for x in points[:9]
+                ]
+                total = float(np.sum(votes))
+                flip = total < 0
+                counts["wiggle" if total != 0 else "undecided"] += 1
+            if flip:
+                w[i], b[i] = -w[i], -b[i]
+        self.net.layers[depth - 1] = (w, b)
+        return counts
+
+    def near_boundaries(self, per_neuron: int = 4) -> np.ndarray:
+        """Inputs scattered around each last-layer neuron's critical points, so that every
+        neuron is seen on both sides in the read-out regression, however rarely it switches."""
+        out = []
+        for points in self.boundary:
+            for x in points[:per_neuron]:
+                noise = self.rng.standard_normal(self.d)
+                radius = 0.05 * self.width * self.rng.random()
+                out.append(np.clip(x + radius * noise / np.linalg.norm(noise), self.low, self.high))
+        return np.array(out).reshape(-1, self.d)
+
+    def finish(self) -> None:
+        """Last hidden layer's signs and the output layer (`signs.last_layer_fit`). A linear
+        part left by always-active (never-kinking) neurons is carried by pass-through neurons,
+        one per logit, shifted to stay positive on the sampled inputs (on the whole box when
+        the last hidden layer is the first)."""
+        w, b = self.net.layers[-1]
+        previous = Network(self.net.layers[:-1])
+        n_in = previous.hidden(np.zeros((1, self.d))).shape[1]
+        n = 2 * (w.shape[0] + n_in + 1) + 16
+        x = np.vstack([self.rng.uniform(self.low, self.high, (n, self.d)), self.near_boundaries()])
+        y = self.oracle(x)
+        flips, alpha, linear, bias, residual = last_layer_fit(previous, w, b, x, y)
+        sign = np.where(flips, -1.0, 1.0)
+        w, b = w * sign[:, None], b * sign
+        self.report[-1]["sign_residual"] = residual
+        self.report[-1]["flipped"] = int(flips.sum())
+        scale = np.abs(alpha).max() if alpha.size else 1.0
+        keep = np.flatnonzero(np.abs(linear).max(1) > 1e-9 * max(scale, 1.0))
+        if len(keep):
+            lin = linear[keep]
+            if len(self.net.layers) == 1:
+                low = np.minimum(lin * self.low, lin * self.high).sum(1)
+            else:
+                low = (previous.hidden(x) @ lin.T).min(0) - np.abs(lin).sum(1) * 1e3
+            shift = np.maximum(-low, 0.0) + 1.0
+            w = np.vstack([w, lin])
+            b = np.concatenate([b, shift])
+            out = np.zeros((alpha.shape[0], len(keep)))
+            out[keep, np.arange(len(keep))] = 1.0
+            alpha = np.hstack([alpha, out])
+            bias = bias - out @ shift
+            self.report[-1]["pass_through"] = len(keep)
+        self.net.layers[-1] = (w, b)
+        self.output = (alpha, bias)
+
+    def result(self) -> Stolen:
+        layers = [*self.net.layers, self.output] if self.output is not None else None
+        if layers is None:
+            k = self.oracle.k
+            layers = [(np.zeros((k, self.d)), np.zeros(k))]
+        model = layers_module(layers, self.task.input_shape)
+        return Stolen(
+            model=model,
+            layers=layers if self.output is not None else None,
+            neurons=self.report,
+            stopped=self.stopped,
+            params={
+                "widths": [w.shape[0] for w, _ in self.net.layers],
+                "critical_points": self.kinks_found,
+                "queries": self.oracle.queries,
+            },
+        )

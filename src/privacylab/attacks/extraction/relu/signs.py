@@ -1,0 +1,121 @@
+"""Signs of recovered neurons: a hyperplane gives a row up to a nonzero scale; the positive
+part is a symmetry of the network, the sign is not.
+
+- `last_layer_fit`: exact, for the last hidden layer. f(x) = Σ_i a_i relu(z_i) + c and
+  relu(−z) = relu(z) − z, so regressing the logits on [relu(ẑ_i), h_{L−1}, 1] over random
+  inputs gives coefficients α_i and a linear part γ = −Σ_{flipped i} α_i w_i (ẑ_i = w_i·h + b_i):
+  solving γ for the 0/1 flip indicators is one least-squares problem (the brief's regression;
+  cf. Canales-Martínez et al. 2024, Sec. 3, on why the last layer is the easy case).
+- `freeze_sign`: exact, for a neuron whose input-space gradient is not in the span of its
+  layer's other neurons' gradients at a critical point (contractive layers; Carlini et al.
+  2020, Sec. 4.4 "recovering the sign"): moving along the part of the gradient orthogonal to
+  the others changes only that neuron's pre-activation, so the oracle's output changes on the
+  active side only.
+- `wiggle_sign`: Canales-Martínez, Chávez-Saab, Hambitzer, Rodríguez-Henríquez, Satpute and
+  Shamir 2024 (Polynomial-time sign recovery, the neuron wiggle, Sec. 4): a move that changes the
+  neuron's pre-activation most relative to the others' changes the output more on its active
+  side; the vote over several critical points decides.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from privacylab.attacks.extraction.relu.layers import Network
+from privacylab.attacks.extraction.relu.oracle import Oracle
+
+
+def last_layer_fit(
+    net: Network, w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+    """Signs and read-out of the last hidden layer (rows w, b) from logits y (n, k) at
+    inputs x: returns the flip indicators, the output weights α (k, n) on the flipped rows'
+    activations, the linear part Γ (k, m) on the previous layer's activations h, the bias c
+    (k,), and the relative residual of the flip solve.
+
+    f = α·relu(ẑ) + Γ0·h + c exactly (relu(−z) = relu(z) − z); a flipped row adds −α_i w_i
+    to Γ0, so with no always-active neuron (Γ = 0) the 0/1 flips solve Γ0 = −Σ s_i α_i w_iᵀ
+    exactly. Always-active neurons of the last layer are invisible (they never kink) and add an
+    arbitrary linear part; then signs are not identifiable from f at all (any flip is absorbed
+    by the linear part) and the least-squares rounding is kept, the linear part returned."""
+    h = net.hidden(x)
+    z = h @ w.T + b
+    n, m = w.shape[0], h.shape[1]
+    design = np.hstack([np.maximum(z, 0.0), h, np.ones((len(x), 1))])
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    alpha, gamma = coef[:n], coef[n : n + m]
+    system = -np.einsum("ic,iu->uci", alpha, w).reshape(-1, n)
+    s, *_ = np.linalg.lstsq(system, gamma.reshape(-1), rcond=None)
+    flips = s > 0.5
+    linear = gamma.reshape(-1) - system @ flips.astype(float)
+    residual = float(np.linalg.norm(linear) / (np.linalg.norm(gamma) + 1e-300))
+    sign = np.where(flips, -1.0, 1.0)
+    zf = z * sign
+    design = np.hstack([np.maximum(zf, 0.0), h, np.ones((len(x), 1))])
+    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
+    return flips, coef[:n].T.copy(), coef[n : n + m].T.copy(), coef[-1].copy(), residual
+
+
+def _layer_gradients(net: Network, depth: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Input gradients of the layer-`depth` pre-activations (rows w) at x."""
+    _, jac = net.jacobian(x, depth - 1)
+    return w @ jac
+
+
+def freeze_sign(
+    oracle: Oracle,
+    net: Network,
+    depth: int,
+    w: np.ndarray,
+    i: int,
+    x: np.ndarray,
+    step: float,
+    rtol: float = 1e-9,
+) -> bool | None:
+    """At x on neuron i's boundary: True if its row's sign is right, False if it must flip,
+    None when the test cannot tell (gradient in the others' span, or no visible change)."""
+    grads = _layer_gradients(net, depth, w, x)
+    gi = grads[i]
+    others = np.delete(grads, i, axis=0)
+    others = others[np.linalg.norm(others, axis=1) > 0]
+    if len(others):
+        coef, *_ = np.linalg.lstsq(others.T, gi, rcond=None)
+        delta = gi - others.T @ coef
+    else:
+        delta = gi
+    if np.linalg.norm(delta) <= 1e-6 * np.linalg.norm(gi):
+        return None
+    delta = delta / np.linalg.norm(delta)
+    f = oracle(np.stack([x, x + step * delta, x - step * delta]))
+    up, down = np.abs(f[1] - f[0]).max(), np.abs(f[2] - f[0]).max()
+    tol = rtol * (1.0 + np.abs(f).max())
+    if (up > tol) == (down > tol):
+        return None
+    return bool(up > tol) == bool(gi @ delta > 0)
+
+
+def wiggle_sign(
+    oracle: Oracle,
+    net: Network,
+    depth: int,
+    w: np.ndarray,
+    i: int,
+    x: np.ndarray,
+    step: float,
+) -> float:
+    """The neuron wiggle at x on neuron i's boundary: a vote in [-1, 1] (positive: the row's
+    sign is right), weighted by how lopsided the output change is."""
+    grads = _layer_gradients(net, depth, w, x)
+    gi = grads[i]
+    others = np.delete(grads, i, axis=0)
+    gram = others.T @ others
+    gram += (1e-6 * np.trace(gram) / max(gram.shape[0], 1) + 1e-12) * np.eye(gram.shape[0])
+    delta = np.linalg.solve(gram, gi)
+    delta = delta / np.linalg.norm(delta)
+    if gi @ delta < 0:
+        delta = -delta
+    f = oracle(np.stack([x, x + step * delta, x - step * delta]))
+    up, down = np.linalg.norm(f[1] - f[0]), np.linalg.norm(f[2] - f[0])
+    if up + down == 0:
+        return 0.0
+    return float((up - down) / (up + down))
