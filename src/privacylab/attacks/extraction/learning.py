@@ -87,8 +87,9 @@ def _choice(name: str, value: object, choices: tuple[str, ...]) -> str:
 
 
 class _LearningAttack(ExtractionAttack):
-    """Shared configuration: how the copy is trained (`epochs` per fit, `batch_size`, `lr`,
-    `warm_start`, `device`), the query batch size (`query_batch`) and which answers it uses.
+    """Shared configuration: how the copy is trained (`epochs` per fit and at least
+    `min_steps` Adam steps, `batch_size`, `lr`, `warm_start`, `device`), the query batch size
+    (`query_batch`) and which answers it uses.
 
     `answers`: "labels" (hard labels, at any access), "scores" (probability vectors: the
     attack's threat model becomes SCORES for this instance, so `run_extraction` serves it
@@ -103,6 +104,7 @@ class _LearningAttack(ExtractionAttack):
         epochs: int = 10,
         batch_size: int = 128,
         lr: float = 1e-3,
+        min_steps: int = 300,
         warm_start: bool = True,
         query_batch: int = 256,
         device: str = "cpu",
@@ -110,6 +112,7 @@ class _LearningAttack(ExtractionAttack):
         self.epochs = _whole("epochs", epochs)
         self.batch_size = _whole("batch size", batch_size)
         self.lr = _positive("learning rate", lr)
+        self.min_steps = _whole("min_steps", min_steps)
         self.warm_start = bool(warm_start)
         self.query_batch = _whole("query batch", query_batch)
         self.device = device
@@ -125,6 +128,7 @@ class _LearningAttack(ExtractionAttack):
             epochs=self.epochs,
             batch_size=self.batch_size,
             lr=self.lr,
+            min_steps=self.min_steps,
             warm_start=self.warm_start,
             device=self.device,
             seed=task.seed,
@@ -136,6 +140,7 @@ class _LearningAttack(ExtractionAttack):
             "epochs": self.epochs,
             "batch_size": self.batch_size,
             "lr": self.lr,
+            "min_steps": self.min_steps,
             "warm_start": self.warm_start,
             "answers_option": self.answers,
         }

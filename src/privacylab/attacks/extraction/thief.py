@@ -62,7 +62,8 @@ class Thief:
     """The copy and its training set (inputs and the victim's answers).
 
     `soft`: answers are probability vectors (n, classes), else labels (n,). `epochs`,
-    `batch_size`, `lr`: Adam's fit over all answered queries; `warm_start`: continue from the
+    `batch_size`, `lr`: Adam's fit over all answered queries, with at least `min_steps` steps
+    (more epochs while the answered set is small); `warm_start`: continue from the
     previous fit (else re-initialise); `device` where the copy trains; `seed` seeds the copy's
     initialisation and every shuffle."""
 
@@ -74,17 +75,19 @@ class Thief:
         epochs: int = 10,
         batch_size: int = 128,
         lr: float = 1e-3,
+        min_steps: int = 300,
         warm_start: bool = True,
         device: str = "cpu",
         seed: int = 0,
     ) -> None:
-        for name, value in (("epochs", epochs), ("batch size", batch_size)):
+        for name, value in (("epochs", epochs), ("batch size", batch_size), ("steps", min_steps)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ExtractionError(f"thief {name} must be a whole number >= 1, got {value!r}")
         if not (isinstance(lr, int | float) and np.isfinite(lr) and lr > 0):
             raise ExtractionError(f"thief learning rate must be > 0, got {lr!r}")
         self.task, self.soft = task, bool(soft)
         self.epochs, self.batch_size, self.lr = epochs, batch_size, float(lr)
+        self.min_steps = min_steps
         self.warm_start, self.seed = bool(warm_start), int(seed)
         self.device = torch.device(device)
         self.model = thief_model(task, self.seed).to(self.device)
@@ -130,7 +133,9 @@ class Thief:
         self._fits += 1
         self.model.train()
         x, y = x.to(self.device), y.to(self.device)
-        for _ in range(self.epochs if epochs is None else epochs):
+        epochs = self.epochs if epochs is None else epochs
+        per_epoch = -(-len(x) // self.batch_size)
+        for _ in range(max(epochs, -(-self.min_steps // per_epoch))):
             order = torch.randperm(len(x), generator=generator).to(self.device)
             for start in range(0, len(x), self.batch_size):
                 batch = order[start : start + self.batch_size]
