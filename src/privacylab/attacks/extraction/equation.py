@@ -278,19 +278,34 @@ class _Asker:
                 self.stopped = "budget"
             return None
         x = self.gen.uniform(self.low, self.high, size=(n, self.task.input_dim))
-        batch = torch.from_numpy(x).reshape(n, *self.task.input_shape)
-        try:
-            probs = self.target.probabilities(batch).double().numpy()
-        except QueryBudgetError:
-            self.stopped = "budget"
+        answered = self._answer(x)
+        if not answered:
             return None
+        probs = np.vstack(answered)
+        self.spent += len(probs)
+        return x[: len(probs)], probs
+
+    def _answer(self, x: np.ndarray) -> list[np.ndarray]:
+        """Probability rows for the longest prefix of `x` the target answers: a batch refused
+        for the budget is split in halves (an API that counts per batch refuses the whole
+        batch that would exceed it; the rest of the budget is still worth spending)."""
+        batch = torch.from_numpy(x).reshape(len(x), *self.task.input_shape)
+        try:
+            return [self.target.probabilities(batch).double().numpy()]
+        except QueryBudgetError:
+            if len(x) == 1:
+                self.stopped = "budget"
+                return []
+            half = len(x) // 2
+            first = self._answer(x[:half])
+            if self.stopped is not None:
+                return first
+            return first + self._answer(x[half:])
         except (TargetError, AccessError):
             raise
         except PrivacylabError:
             self.stopped = "refused"
-            return None
-        self.spent += n
-        return x, probs
+            return []
 
     def ask(self, n: int) -> None:
         """Query `n` more inputs and keep them for the fit."""

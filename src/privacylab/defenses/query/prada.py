@@ -192,6 +192,11 @@ class Prada(QueryDefense):
                         )
                     return
 
+    def min_distances(self) -> list[float]:
+        """The client's set D so far: each query's minimum distance to its class's growing set
+        (queries that started a set contribute none), in query order."""
+        return list(self._distances)
+
     def verdict(self) -> dict[str, Any]:
         """`detected`, `queries_until_detection` (the query at which W first fell below δ),
         `w_statistic` (W at detection, else the last one computed; None before any test),
