@@ -27,7 +27,7 @@ from privacylab.defenses.watermark import (
     verify_watermark,
     watermark_job,
 )
-from privacylab.models import build_model, load_model
+from privacylab.models import ModelSpec, build_model, load_model
 from privacylab.target import Access, QueryBudgetError, Target
 from privacylab.training import TrainConfig, train
 
@@ -237,3 +237,67 @@ def test_job_saves_model_trigger_set_and_baseline(tmp_path) -> None:
     _, nonmembers = split_train_test(load_dataset("digits"), seed=0)
     accuracy = float((plain(nonmembers.features).argmax(1) == nonmembers.labels).float().mean())
     assert accuracy == pytest.approx(summary["baseline_test_accuracy"])
+
+
+def _extraction_available(*names: str) -> bool:
+    try:
+        from privacylab.attacks.extraction import extraction_names
+    except ImportError:
+        return False
+    return set(names) <= set(extraction_names())
+
+
+@pytest.mark.skipif(
+    not _extraction_available("random", "copycat"),
+    reason="the learning-based extraction attacks are not registered",
+)
+def test_watermark_survives_where_the_thief_queries_near_the_triggers(marked, digits_split) -> None:
+    """Noise triggers travel with a copy stolen by uniform random queries (the thief asks the
+    victim about inputs like the triggers and copies its answers there), and not with a copy
+    stolen from in-distribution data: the trigger-set watermark proves theft only when the
+    thief's queries reach the triggers (Adi et al. 2018's threat model is fine-tuning, not
+    extraction; Jia et al. 2021 make the same observation)."""
+    from privacylab.attacks.extraction import (
+        ExtractionTask,
+        Truth,
+        make_extraction,
+        predicted_labels,
+        run_extraction,
+    )
+
+    members, nonmembers = digits_split
+    spec = ModelSpec("mlp", members.input_shape, 10, {"widths": WIDTHS})
+    half = len(nonmembers) // 2
+    truth = Truth(marked.model, nonmembers.features[half:], nonmembers.labels[half:])
+    outcomes = {}
+    for method in ("random", "copycat"):
+        attack = make_extraction(method)
+        kept: dict = {}
+        steal = attack.steal
+
+        def recording(target, task, steal=steal, kept=kept):
+            kept["stolen"] = steal(target, task)
+            return kept["stolen"]
+
+        attack.steal = recording  # type: ignore[method-assign]
+        task = ExtractionTask(
+            input_shape=members.input_shape,
+            num_classes=10,
+            pool=nonmembers.features[:half],
+            architecture=spec,
+            budget=1000,
+            seed=0,
+        )
+        result = run_extraction(attack, Target(marked.model, Access.SCORES, 10), task, truth)
+        copy = kept["stolen"].model
+        labels = predicted_labels(copy, truth.x)
+        assert result.fidelity == pytest.approx(
+            float((labels == predicted_labels(marked.model, truth.x)).double().mean())
+        )
+        outcomes[method] = (result.fidelity, verify_watermark(copy, marked.trigger))
+    fidelity, random_copy = outcomes["random"]
+    assert random_copy.p_value < 1e-6 and random_copy.owned
+    fidelity, pool_copy = outcomes["copycat"]
+    assert fidelity > 0.85  # a good copy of the task ...
+    assert pool_copy.p_value > 1e-3 and not pool_copy.owned  # ... without the watermark
+    assert pool_copy.matches < random_copy.matches / 2
