@@ -42,6 +42,7 @@ from privacylab.attacks.extraction.relu.layers import (
 )
 from privacylab.attacks.extraction.relu.oracle import Oracle
 from privacylab.attacks.extraction.relu.signs import (
+    consistency_signs,
     freeze_sign,
     last_layer_fit,
     wiggle_sign,
@@ -313,6 +314,21 @@ class _Run:
                 counts["wiggle" if total != 0 else "undecided"] += 1
             if flip:
                 w[i], b[i] = -w[i], -b[i]
+        deeper = [p for p in self.pending if p.u is not None][:400]
+        if deeper:
+            sign, bad, informative = consistency_signs(
+                Network(self.net.layers[: depth - 1]),
+                depth,
+                w,
+                b,
+                [p.kink.x for p in deeper],
+                [p.u for p in deeper],
+                np.ones(w.shape[0]),
+            )
+            counts["consistency_flips"] = int((sign < 0).sum())
+            counts["contradicted_points"] = bad
+            counts["informative_points"] = informative
+            w, b = w * sign[:, None], b * sign
         self.net.layers[depth - 1] = (w, b)
         return counts
 

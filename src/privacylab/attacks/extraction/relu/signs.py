@@ -119,3 +119,59 @@ def wiggle_sign(
     if up + down == 0:
         return 0.0
     return float((up - down) / (up + down))
+
+
+def _consistent(grads: np.ndarray, z: np.ndarray, u: np.ndarray, sign: np.ndarray) -> int:
+    """+1 if u lies in the span of the gradients of the neurons active under `sign`, −1 if
+    not, 0 when the test says nothing (the active gradients already span their space)."""
+    active = z * sign > 0
+    rows = grads[active]
+    if len(rows) == 0:
+        return -1
+    rank_all = np.linalg.matrix_rank(grads, tol=1e-9 * np.abs(grads).max())
+    sol, _, rank, _ = np.linalg.lstsq(rows.T, u, rcond=None)
+    if rank >= rank_all:
+        return 0
+    return 1 if np.linalg.norm(rows.T @ sol - u) <= 1e-6 else -1
+
+
+def consistency_signs(
+    net: Network,
+    depth: int,
+    w: np.ndarray,
+    b: np.ndarray,
+    points: list[np.ndarray],
+    directions: list[np.ndarray],
+    start: np.ndarray,
+) -> tuple[np.ndarray, int, int]:
+    """Signs of layer `depth` that explain the deeper critical points (Carlini et al. 2020,
+    Sec. 4.4: a deeper neuron's gradient jump u at x* lies in the span of the input gradients
+    of the layer's neurons *active* at x*). With wrong signs the active sets are wrong and u
+    falls outside their span wherever fewer neurons are active than the layer's rank. Greedy
+    single flips from `start` (±1 per neuron) while the number of contradicted points drops;
+    returns the signs, the points contradicted and the points that were informative."""
+    cache = []
+    for x, u in zip(points, directions, strict=True):
+        h, jac = net.jacobian(x, depth - 1)
+        cache.append((w @ jac, w @ h + b, u))
+
+    def score(sign: np.ndarray) -> tuple[int, int]:
+        votes = [_consistent(g, z, u, sign) for g, z, u in cache]
+        return sum(v < 0 for v in votes), sum(v != 0 for v in votes)
+
+    sign = start.astype(float).copy()
+    bad, informative = score(sign)
+    while bad > 0:
+        best = None
+        for i in range(len(sign)):
+            sign[i] = -sign[i]
+            trial, _ = score(sign)
+            sign[i] = -sign[i]
+            if trial < bad and (best is None or trial < best[0]):
+                best = (trial, i)
+        if best is None:
+            break
+        bad = best[0]
+        sign[best[1]] = -sign[best[1]]
+    _, informative = score(sign)
+    return sign, bad, informative
