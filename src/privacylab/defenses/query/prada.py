@@ -120,6 +120,7 @@ class Prada(QueryDefense):
         self._queries = 0
         self._tests = 0
         self._w: float | None = None
+        self._trace: list[tuple[int, float]] = []
         self._detected_at: int | None = None
 
     def defend(self, target: Target) -> Target:
@@ -182,6 +183,7 @@ class Prada(QueryDefense):
             if count >= first and (count - first) % every == 0:
                 self._tests += 1
                 self._w = shapiro_wilk_without_outliers(np.asarray(self._distances))
+                self._trace.append((self._queries, self._w))
                 if self._w < delta:
                     self._detected_at = self._queries
                     self._queries += len(rows) - (i + 1)
@@ -196,6 +198,10 @@ class Prada(QueryDefense):
         """The client's set D so far: each query's minimum distance to its class's growing set
         (queries that started a set contribute none), in query order."""
         return list(self._distances)
+
+    def trace(self) -> list[tuple[int, float]]:
+        """Every test so far as (queries seen, W): when W would have crossed another δ."""
+        return list(self._trace)
 
     def verdict(self) -> dict[str, Any]:
         """`detected`, `queries_until_detection` (the query at which W first fell below δ),
