@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", choices=("in", "ood"), default="in")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--victim-epochs", type=int, default=30)
+    parser.add_argument("--soft-loss", default="cross-entropy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                 name,
                 answers=output,
                 epochs=args.epochs,
+                soft_loss=args.soft_loss,
                 device=args.device,
                 **options,
             )
@@ -147,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         "pool_size": len(pool),
         "eval_rows": len(eval_rows),
         "epochs_per_fit": args.epochs,
+        "soft_loss": args.soft_loss,
         "seed": args.seed,
         "rows": rows,
         "best": best,

@@ -46,7 +46,7 @@ from privacylab.attacks.extraction.base import (
     Stolen,
     register_extraction,
 )
-from privacylab.attacks.extraction.thief import QuerySession, Thief
+from privacylab.attacks.extraction.thief import SOFT_LOSSES, QuerySession, Thief
 from privacylab.target import Access, Target
 
 __all__ = [
@@ -105,6 +105,7 @@ class _LearningAttack(ExtractionAttack):
         batch_size: int = 128,
         lr: float = 1e-3,
         min_steps: int = 300,
+        soft_loss: str = "cross-entropy",
         warm_start: bool = True,
         query_batch: int = 256,
         device: str = "cpu",
@@ -113,6 +114,7 @@ class _LearningAttack(ExtractionAttack):
         self.batch_size = _whole("batch size", batch_size)
         self.lr = _positive("learning rate", lr)
         self.min_steps = _whole("min_steps", min_steps)
+        self.soft_loss = _choice("soft_loss", soft_loss, SOFT_LOSSES)
         self.warm_start = bool(warm_start)
         self.query_batch = _whole("query batch", query_batch)
         self.device = device
@@ -129,6 +131,7 @@ class _LearningAttack(ExtractionAttack):
             batch_size=self.batch_size,
             lr=self.lr,
             min_steps=self.min_steps,
+            soft_loss=self.soft_loss,
             warm_start=self.warm_start,
             device=self.device,
             seed=task.seed,
@@ -141,6 +144,7 @@ class _LearningAttack(ExtractionAttack):
             "batch_size": self.batch_size,
             "lr": self.lr,
             "min_steps": self.min_steps,
+            "soft_loss": self.soft_loss,
             "warm_start": self.warm_start,
             "answers_option": self.answers,
         }

@@ -35,7 +35,14 @@ from privacylab.models import ModelSpec
 from privacylab.target import Access, Target
 from privacylab.target.access import AccessError, QueryBudgetError, TargetError
 
-__all__ = ["QuerySession", "Thief", "soft_cross_entropy", "thief_model"]
+__all__ = [
+    "SOFT_LOSSES",
+    "QuerySession",
+    "Thief",
+    "log_ratio_loss",
+    "soft_cross_entropy",
+    "thief_model",
+]
 
 
 def thief_model(task: ExtractionTask, seed: int) -> nn.Module:
@@ -45,6 +52,20 @@ def thief_model(task: ExtractionTask, seed: int) -> nn.Module:
     spec = task.architecture or ModelSpec("mlp", task.input_shape, task.num_classes)
     model = spec.build(seed=seed)
     return model.float()
+
+
+SOFT_LOSSES = ("cross-entropy", "log-ratio")
+
+
+def log_ratio_loss(logits: Tensor, targets: Tensor, floor: float = 1e-30) -> Tensor:
+    """Mean over rows and classes of ((z_k - mean_j z_j) - (log y_k - mean_j log y_j))^2: the
+    copy's logits matched to the victim's up to the per-row constant softmax forgets (log y_k -
+    log y_j = z_k - z_j, the relation equation-solving attacks use, Tramèr et al. 2016, Sec.
+    4.1). `floor` bounds log y below: with rounded (zero) probabilities use the cross-entropy."""
+    target = targets.clamp_min(floor).log()
+    target = target - target.mean(1, keepdim=True)
+    centred = logits - logits.mean(1, keepdim=True)
+    return ((centred - target) ** 2).mean()
 
 
 def soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
@@ -76,10 +97,16 @@ class Thief:
         batch_size: int = 128,
         lr: float = 1e-3,
         min_steps: int = 300,
+        soft_loss: str = "cross-entropy",
         warm_start: bool = True,
         device: str = "cpu",
         seed: int = 0,
     ) -> None:
+        if soft_loss not in SOFT_LOSSES:
+            raise ExtractionError(
+                f"soft_loss must be one of {', '.join(SOFT_LOSSES)}, got {soft_loss!r}"
+            )
+        self.soft_loss = soft_loss
         for name, value in (("epochs", epochs), ("batch size", batch_size), ("steps", min_steps)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ExtractionError(f"thief {name} must be a whole number >= 1, got {value!r}")
@@ -116,6 +143,8 @@ class Thief:
 
     def loss(self, logits: Tensor, answers: Tensor) -> Tensor:
         """Soft cross-entropy to probability rows, or cross-entropy to labels."""
+        if self.soft and self.soft_loss == "log-ratio":
+            return log_ratio_loss(logits, answers)
         if self.soft:
             return soft_cross_entropy(logits, answers)
         return F.cross_entropy(logits, answers)
