@@ -220,7 +220,7 @@ def test_job_saves_model_trigger_set_and_baseline(tmp_path) -> None:
         kind="patterns",
         trigger_seed=5,
     )
-    assert summary["p_value"] < 1e-6 and summary["owned"]
+    assert summary["p_value"] < 1e-6 and summary["owned"] and summary["note"] is None
     assert summary["baseline"]["p_value"] > 0.05 and not summary["baseline"]["owned"]
     # the accuracy cost is the difference of the two saved models' test accuracies
     assert summary["accuracy_cost"] == pytest.approx(
@@ -301,3 +301,21 @@ def test_watermark_survives_where_the_thief_queries_near_the_triggers(marked, di
     assert fidelity > 0.85  # a good copy of the task ...
     assert pool_copy.p_value > 1e-3 and not pool_copy.owned  # ... without the watermark
     assert pool_copy.matches < random_copy.matches / 2
+
+
+def test_job_says_when_the_mark_did_not_take(tmp_path) -> None:
+    """One epoch with few trigger rows does not memorise 100 random labels: the summary says
+    the watermarked model itself is not claimed, rather than saving it silently."""
+    config = TrainConfig(epochs=1, batch_size=128, lr=0.01, seed=0)
+    summary = watermark_job(
+        "digits",
+        "mlp",
+        config,
+        tmp_path / "weak",
+        model_options={"widths": WIDTHS},
+        trigger_fraction=0.01,
+        baseline=False,
+    )
+    assert not summary["owned"] and summary["p_value"] >= summary["threshold"]
+    assert "not verifiable" in summary["note"]
+    assert summary["baseline"] is None and summary["accuracy_cost"] is None

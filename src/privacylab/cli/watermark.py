@@ -170,6 +170,8 @@ def embed_command(
                 f"{summary['accuracy_cost']:+.4f}"
             )
         typer.echo(line)
+        if summary["note"]:
+            typer.echo(f"note: {summary['note']}")
         _say(console, f"wrote {out}")
 
     _guarded(run)

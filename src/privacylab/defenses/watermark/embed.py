@@ -207,6 +207,13 @@ def watermark_job(
         "accuracy_cost": None,
         "baseline": None,
         "paper": trigger.paper,
+        "note": None
+        if check.owned
+        else (
+            f"the watermark is not verifiable on the watermarked model itself "
+            f"({check.matches}/{len(trigger)} triggers, p = {check.p_value:.3g} >= "
+            f"{check.threshold:g}): train longer or raise the trigger fraction"
+        ),
     }
     out = Path(out)
     if baseline:
