@@ -29,7 +29,7 @@ from privacylab.attacks.extraction.pools import (
     in_distribution_pool,
     out_of_distribution_pool,
 )
-from privacylab.attacks.extraction.thief import soft_cross_entropy
+from privacylab.attacks.extraction.thief import log_ratio_loss, soft_cross_entropy
 from privacylab.data import load_dataset
 from privacylab.data.dataset import train_test_indices
 from privacylab.errors import PrivacylabError
@@ -329,3 +329,25 @@ def test_soft_cross_entropy_closed_form() -> None:
     assert float(soft_cross_entropy(logits[:1], unnormalised)) == pytest.approx(
         float(soft_cross_entropy(logits[:1], half))
     )
+
+
+def test_auto_answers_follow_the_target(setup: dict) -> None:
+    """answers="auto": probability vectors from a target that serves scores, labels from one
+    that serves labels only."""
+    attack = make_extraction("copycat", **FAST)
+    task = _task(setup["pool"], 40)
+    assert attack.steal(Target(setup["victim"], "scores", 10), task).params["answers"] == (
+        "probabilities"
+    )
+    assert attack.steal(Target(setup["victim"], "label", 10), task).params["answers"] == "labels"
+
+
+def test_log_ratio_loss_is_zero_exactly_at_the_logits_up_to_a_constant() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(5, 4, dtype=torch.float64)
+    probs = torch.softmax(logits, 1)
+    assert float(log_ratio_loss(logits + 3.0, probs)) == pytest.approx(0.0, abs=1e-20)
+    shifted = logits.clone()
+    shifted[:, 0] += 1.0
+    # centred difference (1 - 1/4, -1/4, -1/4, -1/4): mean square 3/16
+    assert float(log_ratio_loss(shifted, probs)) == pytest.approx(3 / 16)

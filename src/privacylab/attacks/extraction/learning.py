@@ -95,7 +95,11 @@ class _LearningAttack(ExtractionAttack):
     attack's threat model becomes SCORES for this instance, so `run_extraction` serves it
     probability vectors, rounded if the target's output defence rounds them), or "auto" (the
     default: probability vectors whenever the target view it receives serves scores, else
-    labels; the class-level threat model, LABEL, is the least the attack needs)."""
+    labels; the class-level threat model, LABEL, is the least the attack needs). `uses_up_to`
+    says what the attack can use beyond that least (scores), for a runner that serves an
+    attack up to the target's own access instead of narrowing it to the least it needs."""
+
+    uses_up_to: ClassVar[Access] = Access.SCORES
 
     def __init__(
         self,
