@@ -10,7 +10,9 @@ served what it declares (labels for the learning attacks, probability vectors fo
 logits in float64 for relu-exact) through a `Prada` watch that never blocks (the attack runs
 to its budget) and records its whole Shapiro–Wilk trace, (queries, W) at every test, so the
 detection point at any δ is read from it. The thief's pool is half the test rows
-(`pools.extraction_split`); benign clients stream random orderings of the other half.
+(`pools.extraction_split`); benign clients stream random orderings of the whole test split
+(natural rows the victim never trained on; a benign user is not the thief, so the pool's rows
+are natural queries for them too).
 
 Two thresholds are reported: the fixed `--delta` (default 0.9), and a *calibrated* δ chosen
 the way the paper chooses it, from benign data: the smallest W that ten calibration clients
@@ -73,6 +75,11 @@ EXACT = {"equation": ("equation", {}), "relu-exact": ("relu-exact", {})}
 FULL_TRACE = 1e-9
 """The watches run with this δ (never crossed) so that the whole W trace is recorded; detection
 at any δ is read from the trace (`first_below`)."""
+
+
+SWEEP = (0.85, 0.9, 0.92, 0.94, 0.95, 0.96)
+"""The δ values the trade-off table covers (false alarms over all 2 x `--clients` benign
+clients, queries until detection per attack)."""
 
 
 def first_below(trace: list[tuple[int, float]], delta: float) -> int | None:
@@ -161,13 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     pool = in_distribution_pool(data, pool_rows)
     x_eval, y_eval = data.features[eval_rows], data.labels[eval_rows]
 
-    natural = data.features[eval_rows]
+    natural = data.features[np.concatenate([pool_rows, eval_rows])]
     cal = _benign(watch, mlp, natural, args.clients, args.benign_queries, args.seed + 1, 10)
     calibrated = round(min(w for t in cal for _, w in t) - args.margin, 4)
     evaluation = _benign(watch, mlp, natural, args.clients, args.benign_queries, args.seed + 2, 10)
     print(f"calibrated δ = {calibrated} (10 calibration clients' min W - margin)", file=sys.stderr)
 
     rows: list[dict[str, Any]] = []
+    traces: dict[str, list[tuple[int, float]]] = {}
     methods = _methods(wanted)
     for method in wanted:
         if method not in methods:
@@ -202,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"method": method, "error": str(error)})
             print(f"{method:18s} refused: {error}", file=sys.stderr)
             continue
-        trace = client.trace()
+        trace = traces[method] = client.trace()
         at, at_calibrated = first_below(trace, args.delta), first_below(trace, calibrated)
         row = {
             "method": method,
@@ -225,6 +233,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
 
+    sweep = [
+        {
+            "delta": delta,
+            "false_alarms": sum(first_below(t, delta) is not None for t in [*cal, *evaluation]),
+            "benign_clients": len(cal) + len(evaluation),
+            "queries_until_detection": {m: first_below(t, delta) for m, t in traces.items()},
+        }
+        for delta in SWEEP
+    ]
     summary = {
         "dataset": args.dataset,
         "victim": f"mlp {widths}, softmax (equation)",
@@ -242,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             "min_w": min(w for t in evaluation for _, w in t),
             "calibration_min_w": min(w for t in cal for _, w in t),
         },
+        "sweep": sweep,
         "paper": PAPER,
     }
     if args.json:

@@ -20,6 +20,11 @@ target (`Target._model`: the same module, dtype and device that answer the clien
 under `torch.no_grad()` outside the target's query path: the labels PRADA computes are neither
 counted against the client's budget nor shown to any monitor, and the client never sees them.
 
+What it cannot see, by its premise: a stream of i.i.d. queries — natural rows the thief owns
+(copycat, Knockoff Nets; Atli et al. 2020 report PRADA missing Knockoff-style attacks) or
+uniform random inputs, whose minimum distances are themselves close to normal — and an attack
+that is done before `min_queries` distances exist (equation solving needs d + 1 queries).
+
 `block=1` refuses the client once flagged: the batch holding the detecting query and every
 later one raise `QueryRefused` (a `PrivacylabError`), which extraction attacks treat as a stop.
 """
