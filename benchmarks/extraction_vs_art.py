@@ -448,16 +448,24 @@ class _NumpyOracle:
     non-finite inputs (FEE's line search can divide by zero: numpy answers NaN, as ART
     expects of a model)."""
 
-    def __init__(self, layers: list[tuple[np.ndarray, np.ndarray]], cap: int) -> None:
+    def __init__(
+        self, layers: list[tuple[np.ndarray, np.ndarray]], cap: int, seconds: float
+    ) -> None:
         self.layers = layers
         self.queries = 0
         self.cap = cap
+        self.deadline = time.perf_counter() + seconds
+        self.seconds = seconds
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         h = np.asarray(x, dtype=np.float64).reshape(len(x), -1)
         self.queries += len(h)
         if self.queries > self.cap:
             raise RuntimeError(f"stopped by the benchmark after {self.cap} queries")
+        if time.perf_counter() > self.deadline:
+            raise RuntimeError(
+                f"stopped by the benchmark after {self.seconds:.0f} s ({self.queries} queries)"
+            )
         for i, (w, b) in enumerate(self.layers):
             h = h @ w.T + b
             if i < len(self.layers) - 1:
@@ -474,10 +482,11 @@ def art_fee(
     random_x: np.ndarray,
     seed: int,
     max_queries: int,
+    max_seconds: float,
 ) -> dict[str, Any]:
     """ART's FunctionallyEquivalentExtraction (Jagielski et al. 2020) on the same float64
     function, `num_neurons` given; "not supported" where ART cannot take the network; stopped
-    ("failed") past `max_queries`."""
+    ("failed") past `max_queries` or `max_seconds`."""
     if len(widths) != 1:
         return {"status": "not supported (one hidden ReLU layer only)"}
     if outputs < 2:
@@ -486,7 +495,7 @@ def art_fee(
     from art.attacks.extraction import FunctionallyEquivalentExtraction
     from art.estimators.classification import BlackBoxClassifierNeuralNetwork
 
-    oracle = _NumpyOracle(relu_layers(victim), max_queries)
+    oracle = _NumpyOracle(relu_layers(victim), max_queries, max_seconds)
     classifier = BlackBoxClassifierNeuralNetwork(oracle, input_shape=(784,), nb_classes=outputs)
     dtype = art.config.ART_NUMPY_DTYPE
     art.config.ART_NUMPY_DTYPE = np.float64
@@ -590,12 +599,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for widths, outputs in args.exact:
         began = time.perf_counter()
         victim, _ = train_victim(data, train_rows, widths, outputs, args.epochs, args.seed)
-        truth = Truth(victim, data.features[eval_rows], data.labels[eval_rows])
+        truth = Truth(
+            victim, data.features[eval_rows], data.labels[eval_rows], layers=relu_layers(victim)
+        )
         name = f"784-{'-'.join(map(str, widths))}-{outputs}"
         _log(f"exact victim {name} trained [{time.perf_counter() - began:.0f} s]")
         ours = ours_exact(victim, outputs, truth, random_x, args.seed)
         _log(f"  ours relu-exact: {ours}")
-        fee = art_fee(victim, widths, outputs, truth, pool, random_x, args.seed, args.fee_queries)
+        fee = art_fee(
+            victim, widths, outputs, truth, pool, random_x, args.seed, args.fee_queries,
+            args.fee_seconds,
+        )  # fmt: skip
         _log(f"  ART FEE: {fee}")
         exact.append(
             {
@@ -751,6 +765,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fee-queries", type=int, default=20_000_000, help="stop ART's FEE past this many"
     )
+    parser.add_argument(
+        "--fee-seconds", type=float, default=None, help="stop ART's FEE past this many seconds"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     quick = args.quick
@@ -764,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
         args.exact = [((8,), 10), ((8, 4), 10)] if quick else [((32,), 10), ((32,), 1),
                                                                 ((32, 16), 10)]  # fmt: skip
     args.random = args.random or (10_000 if quick else 100_000)
+    args.fee_seconds = args.fee_seconds or (120.0 if quick else 900.0)
     warnings.filterwarnings("ignore")
     os.environ.setdefault("TQDM_DISABLE", "1")
     payload = run(args)
