@@ -294,8 +294,7 @@ def art_learning(
         y = pool_labels.numpy() if strategy == "adaptive" else None
         stolen = attack.extract(x, y, thieved_classifier=thief)
     seconds = time.perf_counter() - start
-    copy = stolen.model.eval()
-    labels = predicted_labels(copy, truth.x)
+    labels = predicted_labels(stolen.model.eval(), truth.x)
     victim_labels = predicted_labels(truth.model, truth.x)
     return {
         "toolkit": "art",
