@@ -141,7 +141,8 @@ def test_out_writes_the_report(models: dict[str, Path], tmp_path: Path) -> None:
     [
         (["--method", "nope"], "unknown extraction method 'nope'; choose"),
         (["--method", ","], "--method needs at least one method"),
-        (["--queries", "0"], "query budget) must be a whole number >= 1, got 0"),
+        (["--queries", "0"], "query budget) must be a whole number in [1, 1,000,000,000], got 0"),
+        (["--queries", "99999999999999999999"], "got 99999999999999999999"),
         (["--defense", "nope"], "unknown defense 'nope'"),
         (["--defense", "l2:1e-3"], "training-time defence"),
         (["--defense", "fake-watch:0"], "n must be >= 1"),

@@ -89,6 +89,9 @@ EXTRACTIONS = "extraction-results"
 OUTPUTS = ("labels", "scores", "logits", "rounded:D")
 """What `--output` may name."""
 
+MAX_QUERIES = 10**9
+"""Largest query budget accepted (Carlini et al. 2020's largest extraction used 2^21.5)."""
+
 STORE_VERSION = 1
 """Part of every store key: bump when a stored row's meaning changes."""
 
@@ -211,9 +214,14 @@ class ExtractConfig:
 
     def validate(self) -> ExtractConfig:
         """One-line errors for the first bad option, before anything is loaded or queried."""
-        if isinstance(self.queries, bool) or not isinstance(self.queries, int) or self.queries < 1:
+        if (
+            isinstance(self.queries, bool)
+            or not isinstance(self.queries, int)
+            or not 1 <= self.queries <= MAX_QUERIES
+        ):
             raise ExtractionError(
-                f"--queries (the query budget) must be a whole number >= 1, got {self.queries!r}"
+                f"--queries (the query budget) must be a whole number in [1, {MAX_QUERIES:,}], "
+                f"got {self.queries!r}"
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise ExtractionError(f"seed must be a whole number >= 0, got {self.seed!r}")
