@@ -282,8 +282,16 @@ def main(argv: list[str] | None = None) -> int:
             )
         b = summary["benign"]
         print(
-            f"benign: {b['false_alarms']} false alarms / {b['clients']} clients, min W {b['min_w']}"
+            f"benign ({b['clients']} held-out clients): {b['false_alarms']} false alarms at δ, "
+            f"{b['false_alarms_calibrated']} at calibrated δ, min W {b['min_w']:.3f}"
         )
+        print("sweep: δ, false alarms / benign clients, queries until detection per attack")
+        for point in sweep:
+            found = ", ".join(f"{m} {q}" for m, q in point["queries_until_detection"].items())
+            print(
+                f"  {point['delta']:.2f}  {point['false_alarms']}/{point['benign_clients']}  "
+                f"{found}"
+            )
     return 0
 
 
