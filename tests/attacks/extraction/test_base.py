@@ -79,6 +79,7 @@ def test_runner_counts_queries_and_scores_against_the_victim() -> None:
     assert result.accuracy == pytest.approx(float((y == stolen_label).double().mean()))
     assert result.victim_accuracy == pytest.approx(float((victim_labels == y).double().mean()))
     assert [p.queries for p in result.curve] == [20, 40]
+    assert result.stolen is not None and "stolen" not in result.to_dict()
     assert result.to_dict()["curve"][1]["fidelity"] == result.fidelity
     assert {"method", "queries", "accuracy", "fidelity", "victim_accuracy"} <= set(result.to_dict())
 

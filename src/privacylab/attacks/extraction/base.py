@@ -185,7 +185,8 @@ class ExtractionResult:
     `accuracy`/`fidelity` are the final copy's on held-out data; `victim_accuracy` the
     victim's there; `curve` the snapshots'. Exact attacks add `exact` (weight and output
     errors after alignment, neuron counts: see `privacylab.attacks.extraction.metrics`). A
-    monitor's verdict is added by the caller (`defense`)."""
+    monitor's verdict is added by the caller (`defense`). `stolen` is the attack's own output
+    (the copy, for a watermark check or an offline attack), left out of `to_dict`."""
 
     method: str
     access: str
@@ -199,6 +200,8 @@ class ExtractionResult:
     exact: dict[str, Any] | None = None
     params: dict[str, Any] = field(default_factory=dict)
     defense: dict[str, Any] | None = None
+    stolen: Stolen | None = field(default=None, repr=False, compare=False)
+    """What the attack returned (the copy itself; not part of `to_dict`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; the issue's keys at the top level (`method`, `queries`,
@@ -352,6 +355,7 @@ def run_extraction(
         stopped=stolen.stopped,
         exact=exact,
         params=stolen.params,
+        stolen=stolen,
     )
 
 
