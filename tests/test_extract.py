@@ -362,3 +362,31 @@ def test_parse_output_and_checkpoints() -> None:
     assert default_checkpoints(3) == (1, 2, 3)
     points = ExtractConfig("x", queries=100, checkpoints=(0, 10, 10, 500)).curve_points()
     assert points == (10,)
+
+
+class _FakeUpTo(_FakeCopy):
+    """Needs labels, can use scores (as the learning attacks declare with `uses_up_to`)."""
+
+    uses_up_to: ClassVar[Access] = Access.SCORES
+
+
+@pytest.mark.parametrize(
+    ("output", "seen", "access"),
+    [
+        (None, Access.SCORES, "scores"),
+        ("scores", Access.SCORES, "scores"),
+        ("logits", Access.SCORES, "scores"),
+        ("labels", Access.LABEL, "label"),
+    ],
+)
+def test_an_attack_is_served_up_to_what_it_can_use(
+    victim: Path, tmp_path: Path, fakes: None, output: str | None, seen: Access, access: str
+) -> None:
+    register_extraction("fake-up-to")(_FakeUpTo)
+    try:
+        config = ExtractConfig(str(victim), methods=("fake-up-to",), queries=40, output=output)
+        (row,) = run_extract(config, cache=tmp_path)["extraction"]["attacks"]
+    finally:
+        EXTRACTION_ATTACKS.unregister("fake-up-to")
+    assert SEEN[-1]["access"] is seen and row["access"] == access
+    assert _FakeUpTo.threat_model.access is Access.LABEL  # the class is left as it was
