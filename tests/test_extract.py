@@ -390,3 +390,24 @@ def test_an_attack_is_served_up_to_what_it_can_use(
         EXTRACTION_ATTACKS.unregister("fake-up-to")
     assert SEEN[-1]["access"] is seen and row["access"] == access
     assert _FakeUpTo.threat_model.access is Access.LABEL  # the class is left as it was
+
+
+class _Greedy(_FakeCopy):
+    """Ignores the task's budget: asks for the whole pool, ten rows at a time."""
+
+    def steal(self, target: Target, task: ExtractionTask) -> Stolen:
+        for i in range(0, len(task.pool), 10):
+            target.labels(task.pool[i : i + 10])
+        raise AssertionError("the job's budget did not stop it")
+
+
+def test_the_job_enforces_the_thiefs_budget(victim: Path, tmp_path: Path, fakes: None) -> None:
+    register_extraction("fake-greedy")(_Greedy)
+    try:
+        config = ExtractConfig(str(victim), methods=("fake-greedy",), queries=35)
+        (row,) = run_extract(config, cache=tmp_path)["extraction"]["attacks"]
+    finally:
+        EXTRACTION_ATTACKS.unregister("fake-greedy")
+    assert row["queries"] == 30 and row["stopped"] == "budget"
+    assert "query budget of 35 examples exhausted" in row["error"]
+    assert row["fidelity"] is None and row["curve"] == []

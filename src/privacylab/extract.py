@@ -69,7 +69,7 @@ from privacylab.defenses import (
 from privacylab.errors import PrivacylabError
 from privacylab.execution import ResultStore, config_key
 from privacylab.models import ModelSpec, load_model
-from privacylab.target import Access, Target
+from privacylab.target import Access, QueryBudgetError, Target
 
 __all__ = [
     "EXTRACTIONS",
@@ -361,9 +361,12 @@ def _deploy(
     label: str,
     defenses: Sequence[Defense],
     device: str,
+    budget: int,
 ) -> Deployment:
     """The target `method` queries, or one-line ExtractionError/DefenseError when this
-    deployment cannot serve it (checked before any query)."""
+    deployment cannot serve it (checked before any query). The thief's `budget` is enforced
+    on it (a view with that budget, inside every watch): an attack that asks for more gets
+    `QueryBudgetError` and stops with what it has, so `queries` never exceeds `--queries`."""
     cls = type(attack)
     needs = attack.threat_model.access
     access, digits = parse_output(output)
@@ -384,6 +387,7 @@ def _deploy(
         rounding = parse_defense(f"rounding:{digits}")
         assert isinstance(rounding, OutputDefense)
         target = rounding.defend(target)
+    target = target.with_budget(budget)
     watches: list[QueryDefense] = []
     for defense in defenses:
         if isinstance(defense, OutputDefense):
@@ -503,7 +507,7 @@ def _run_one(deployment: Deployment, task: ExtractionTask, truth: Truth) -> dict
             "fidelity": None,
             "victim_accuracy": None,
             "curve": [],
-            "stopped": "refused",
+            "stopped": "budget" if isinstance(error, QueryBudgetError) else "refused",
             "error": " ".join(str(error).split()),
             "params": {},
         }
@@ -568,6 +572,7 @@ def extraction_rows(
                     label,
                     fresh,
                     config.device,
+                    config.queries,
                 )
             )
     task = _task(victim, config)

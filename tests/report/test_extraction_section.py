@@ -49,6 +49,7 @@ def payload() -> dict[str, Any]:
         max_output_error_log2=-33.7,
         neurons_recovered=16,
         neurons_total=16,
+        neurons_missed=0,
     )
     exact["curve"] = []
     rows = [
@@ -136,7 +137,8 @@ def test_tables_show_runs_exact_recovery_and_detection(tmp_path: Path) -> None:
     assert runs[1][:6] == ["knockoff", "scores", "none", "1000", "0.900", "0.950"]
     assert len(runs) == 1 + 5
     exact = _table(page, "extraction-exact")
-    assert exact[1][:7] == ["relu-exact", "none", "1000", "16", "16", "3.2e-12", "-33.7"]
+    assert exact[0][3:7] == ["neurons recovered", "neurons", "missed", "unobservable"]
+    assert exact[1][:9] == ["relu-exact", "none", "1000", "16", "16", "0", "—", "3.2e-12", "-33.7"]
     detection = _table(page, "extraction-detection")
     assert [r[2:5] for r in detection[1:]] == [
         ["prada", "yes", "140"],

@@ -42,6 +42,8 @@ EXACT_COLUMNS: tuple[tuple[str, str], ...] = (
     ("queries", "queries"),
     ("neurons_recovered", "neurons recovered"),
     ("neurons_total", "neurons"),
+    ("neurons_missed", "missed"),
+    ("neurons_unobservable", "unobservable"),
     ("max_weight_error", "max |weight error|"),
     ("max_output_error_log2", "max output error (log₂)"),
     ("fidelity", "fidelity"),
@@ -106,7 +108,7 @@ def _cell(key: str, value: Any) -> str:
         if key == "detected" and isinstance(value, bool):
             return _text("yes" if value else "no")
         return _text(value)
-    if key in {"queries", "queries_until_detection", "neurons_recovered", "neurons_total"}:
+    if key in {"queries", "queries_until_detection"} or key.startswith("neurons_"):
         return _num(value, fmt_int(value))
     if key == "seconds":
         return _num(value, fmt(value, 2))
