@@ -101,3 +101,15 @@ def test_watched_view_narrows_further_and_keeps_its_watch() -> None:
     label_view = view.with_access("label")
     label_view.labels(torch.rand(4, 5))
     assert seen == [4]
+
+
+def test_labelled_monitor_gets_the_models_labels_uncounted() -> None:
+    model = _model()
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    target = Target(model, "label", 3, query_budget=5, precision="float64")
+    view = target.with_monitor(lambda x, labels: seen.append((x, labels)), labelled=True)
+    x = torch.rand(5, 5, dtype=torch.float64)
+    answered = view.labels(x)
+    assert torch.equal(seen[0][1], answered)
+    assert torch.equal(seen[0][1], model.double()(x).argmax(1))
+    assert (view.queries, target.queries) == (5, 5)  # the monitor's labels cost nothing

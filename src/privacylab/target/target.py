@@ -49,6 +49,7 @@ from privacylab.target.access import Access, AccessError, QueryBudgetError, Targ
 
 OutputDefense = Callable[[Tensor], Tensor]
 QueryMonitor = Callable[[Tensor], None]
+LabelledMonitor = Callable[[Tensor, Tensor], None]
 Outputs = Literal["logits", "probabilities"]
 Precision = Literal["float32", "float64"]
 
@@ -147,12 +148,20 @@ class Target:
         view._own_monitor = None
         return view
 
-    def with_monitor(self, monitor: QueryMonitor) -> Target:
+    def with_monitor(
+        self, monitor: QueryMonitor | LabelledMonitor, *, labelled: bool = False
+    ) -> Target:
         """A view at this target's level whose query batches are also shown to `monitor`
         (after the monitors of this target and its parents), which may raise to refuse them;
-        the parent's queries are not shown to it."""
+        the parent's queries are not shown to it. With `labelled`, the monitor is called as
+        `monitor(x, labels)` with the model's own labels for the batch, computed on the
+        defender's side (not counted, not shown to other monitors, never returned to the
+        client): what a detector such as PRADA keys its state by."""
         view = self.with_access(self.access)
-        view._own_monitor = monitor
+        if labelled:
+            view._own_monitor = _Labelled(monitor, self)  # type: ignore[arg-type]
+        else:
+            view._own_monitor = monitor  # type: ignore[assignment]
         return view
 
     def with_budget(self, budget: int) -> Target:
@@ -308,6 +317,25 @@ class Target:
             raise AccessError("the target's output defence hides its logits")
         raw = self._raw(x)
         return raw if self.outputs == "logits" else raw.clamp_min(1e-45).log()
+
+
+class _Labelled:
+    """A monitor called with the batch and the model's own labels for it (defender side)."""
+
+    def __init__(self, monitor: LabelledMonitor, target: Target) -> None:
+        self.monitor, self.target = monitor, target
+
+    @torch.no_grad()
+    def __call__(self, x: Tensor) -> None:
+        target = self.target
+        outs = [
+            target._model(x[i : i + target.batch_size].to(target.device, target.dtype))
+            .argmax(1)
+            .cpu()
+            for i in range(0, int(x.shape[0]), target.batch_size)
+        ]
+        labels = torch.cat(outs) if outs else torch.zeros(0, dtype=torch.int64)
+        self.monitor(x, labels)
 
 
 class _Composed:

@@ -14,11 +14,11 @@ D_{G_c} and a threshold T_c. For each query x of predicted class c (Alg. 1):
 - once |D| >= `min_queries` (the paper: more than 100), D without its outliers (values beyond
   mean ± 3 std) is tested with Shapiro–Wilk; W < δ flags the client as an attacker.
 
-The detector must know the victim's label of each query, but a query monitor sees only x. The
-defender owns the model, so `defend(target)` builds the labeller from the model behind the
-target (`Target._model`: the same module, dtype and device that answer the client), applied
-under `torch.no_grad()` outside the target's query path: the labels PRADA computes are neither
-counted against the client's budget nor shown to any monitor, and the client never sees them.
+The detector must know the victim's label of each query. The defender owns the model, so
+`defend(target)` installs PRADA as a *labelled* monitor (`Target.with_monitor(...,
+labelled=True)`): the target hands it each batch with the model's own labels, computed on the
+defender's side — neither counted against the client's budget nor shown to any other monitor,
+and never returned to the client.
 
 What it cannot see, by its premise: a stream of i.i.d. queries — natural rows the thief owns
 (copycat, Knockoff Nets; Atli et al. 2020 report PRADA missing Knockoff-style attacks) or
@@ -44,28 +44,13 @@ from privacylab.defenses.base import DefenseError, Parameter, QueryDefense, regi
 from privacylab.errors import PrivacylabError
 from privacylab.target import Target
 
-__all__ = ["Prada", "QueryRefused", "model_labeller", "shapiro_wilk_without_outliers"]
+__all__ = ["Prada", "QueryRefused", "shapiro_wilk_without_outliers"]
 
 Labeller = Callable[[Tensor], Tensor]
 
 
 class QueryRefused(PrivacylabError, PermissionError):  # noqa: N818 (the issue's name)
     """A query watch refuses a flagged client's queries; one line."""
-
-
-def model_labeller(target: Target) -> Labeller:
-    """The defender's own labelling function for queries to `target`: the arg-max of the model
-    behind it, in the dtype and on the device it answers with, without counting a query or
-    calling a monitor (the defender evaluates its own model; the client sees nothing)."""
-    model = target._model
-    dtype, device = target.dtype, target.device
-
-    @torch.no_grad()
-    def labels(x: Tensor) -> Tensor:
-        out = model(torch.as_tensor(x).to(device, dtype))
-        return out.argmax(1).cpu()
-
-    return labels
 
 
 def shapiro_wilk_without_outliers(distances: np.ndarray) -> float:
@@ -120,6 +105,7 @@ class Prada(QueryDefense):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self._labeller: Labeller | None = None
+        self._given: Tensor | None = None
         self._classes: dict[int, _Growing] = {}
         self._distances: list[float] = []
         self._queries = 0
@@ -129,10 +115,17 @@ class Prada(QueryDefense):
         self._detected_at: int | None = None
 
     def defend(self, target: Target) -> Target:
-        """A view of `target` whose queries this watch sees first, labelled by the model behind
-        `target` (`model_labeller`: uncounted, unmonitored)."""
-        self._labeller = model_labeller(target)
-        return target.with_monitor(self.observe)
+        """A view of `target` whose queries this watch sees with the model's own labels
+        (a labelled monitor: uncounted, unmonitored, never shown to the client)."""
+        return target.with_monitor(self.observe_labelled, labelled=True)
+
+    def observe_labelled(self, x: Tensor, labels: Tensor) -> None:
+        """`observe` for a batch whose victim labels the target computed."""
+        self._given = labels
+        try:
+            self.observe(x)
+        finally:
+            self._given = None
 
     def use_labeller(self, labeller: Labeller) -> Prada:
         """Label queries with `labeller` (the defender's model) instead of a target's model:
@@ -159,14 +152,15 @@ class Prada(QueryDefense):
                     f"prada flagged this client after {self._detected_at} queries; refused"
                 )
             return
-        if self._labeller is None:
+        if self._labeller is None and self._given is None:
             raise DefenseError(
                 "prada needs the defended model's labels: call defend(target) or use_labeller"
             )
         x = torch.as_tensor(x)
         if x.shape[0] == 0:
             return
-        labels = self._labeller(x).numpy()
+        labeller = self._labeller
+        labels = (self._given if self._given is not None else labeller(x)).numpy()  # type: ignore[misc]
         rows = x.detach().reshape(x.shape[0], -1).cpu().double().numpy()
         delta, first, every = self.params["delta"], self.params["min_queries"], self.params["every"]
         for i, (row, label) in enumerate(zip(rows, labels, strict=True)):
