@@ -8,10 +8,12 @@ numpy/matplotlib only (no torch): the report imports this module.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from privacylab.report._format import mappings, number
 from privacylab.report.plots import COLORS, FONT_PT, LEGEND_FONT_PT, _to_png
@@ -52,6 +54,16 @@ def curve_points(row: Mapping[str, Any]) -> list[tuple[float, float | None, floa
     return sorted(points, key=lambda p: p[0])
 
 
+def _plain(value: float, _: Any) -> str:
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
+
+
+def _minor(value: float, _: Any) -> str:
+    """Label the minor ticks 2 and 5 of each decade (the log axis is otherwise bare)."""
+    lead = value / 10 ** math.floor(math.log10(value)) if value > 0 else 0.0
+    return _plain(value, None) if round(lead, 6) in (2.0, 5.0) else ""
+
+
 def extraction_curves_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
     """The figure of `extraction_curves_figure` (for tests that inspect its lines)."""
     fig = Figure(figsize=(7.6, 6.4), layout="constrained")
@@ -66,7 +78,8 @@ def extraction_curves_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
         if not points:
             continue
         color = COLORS[methods.index(method) % len(COLORS)]
-        style = "-" if row.get("defense") in (None, "none") else DEFENDED_STYLE
+        defended = row.get("defense") not in (None, "none")
+        style = DEFENDED_STYLE if defended else "-"
         xs = [p[0] for p in points]
         for ax, index in ((top, 2), (bottom, 1)):
             ys = [p[index] for p in points]
@@ -74,8 +87,9 @@ def extraction_curves_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
             if kept:
                 ax.plot(
                     *zip(*kept, strict=True),
-                    marker="o",
-                    markersize=4,
+                    marker="s" if defended else "o",
+                    markersize=7 if defended else 4,
+                    markerfacecolor="none" if defended else color,
                     color=color,
                     linestyle=style,
                     linewidth=1.8,
@@ -94,6 +108,8 @@ def extraction_curves_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
     for ax in (top, bottom):
         ax.set_ylim(0.0, 1.02)
         ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(_plain))
+        ax.xaxis.set_minor_formatter(FuncFormatter(_minor))
         ax.grid(True, alpha=0.3)
         ax.tick_params(labelsize=FONT_PT - 1)
     if drawn == 0:
@@ -112,7 +128,7 @@ def extraction_curves_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
         bottom.legend(loc="lower right", fontsize=LEGEND_FONT_PT, frameon=False)
     top.set_title(
         "Model extraction: fidelity and accuracy against queries "
-        "(solid: undefended, dashed: defended)",
+        "(solid: undefended; dashed, hollow squares: defended)",
         fontsize=FONT_PT + 1,
     )
     return fig
