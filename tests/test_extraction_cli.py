@@ -151,6 +151,11 @@ def test_out_writes_the_report(models: dict[str, Path], tmp_path: Path) -> None:
         (["--method", "fake-exact", "--defense", "rounding:2"], "behind rounding:2 serves scores"),
         (["--output", "labels", "--defense", "label-only"], "a target served at label access"),
         (["--device", "tpu"], "unknown device"),
+        (["--options", "{nope"], "--options is not JSON"),
+        (["--options", "[1]"], "--options must be a JSON object"),
+        (["--options", '{"fake-copy": 1}'], "attack options must map a method"),
+        (["--options", '{"fake-exact": {}}'], "options given for fake-exact, which is not run"),
+        (["--options", '{"fake-copy": {"nope": 1}}'], "fake-copy: bad options:"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(
@@ -160,6 +165,14 @@ def test_bad_input_is_one_line_exit_2(
     line = fails(*base, *args)
     assert words in line
     assert not (tmp_path / "store.sqlite").exists() or "needs logits" in line or "serves" in line
+
+
+def test_options_reach_the_attack(models: dict[str, Path], tmp_path: Path) -> None:
+    args = ["--target", str(models["mlp"]), "--method", "fake-copy", "--queries", "80"]
+    plain = run_json(*args, "--cache", str(tmp_path))
+    weak = run_json(*args, "--options", '{"fake-copy": {"c": 1e-4}}', "--cache", str(tmp_path))
+    assert weak["from_store"] is False  # other options, another stored result
+    assert weak["fidelity"] < plain["fidelity"]
 
 
 def test_unknown_method_lists_the_registry(models: dict[str, Path]) -> None:

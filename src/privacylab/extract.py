@@ -163,7 +163,8 @@ class ExtractConfig:
     (`OUTPUTS`; None: what each attack declares, at least scores). `defenses`: deployment
     alternatives, each run separately (`none`, or specs joined by `+`). `attack_options`:
     constructor options per method. `checkpoints`: query counts of the curve (default
-    `default_checkpoints`). `seed` seeds the attacks and the pool/evaluation split's order.
+    `default_checkpoints`). `seed` seeds the attacks (the pool/evaluation split follows the
+    victim's own training seed, so that it holds none of its training rows).
     """
 
     target: str
@@ -229,6 +230,13 @@ class ExtractConfig:
         methods = self.chosen_methods()
         parse_output(self.output)
         self.alternatives()
+        if not isinstance(self.attack_options, Mapping) or not all(
+            isinstance(v, Mapping) for v in self.attack_options.values()
+        ):
+            raise ExtractionError(
+                'attack options must map a method to its options, e.g. {"knockoff": '
+                '{"policy": "adaptive"}}'
+            )
         for name in self.attack_options:
             if EXTRACTION_ATTACKS.canonical(name) not in methods:
                 raise ExtractionError(f"options given for {name}, which is not run")

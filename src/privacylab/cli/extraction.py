@@ -9,6 +9,7 @@ One method and one deployment print the issue's flat object (`method`, `queries`
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -78,6 +79,18 @@ def _methods(text: str) -> tuple[str, ...]:
     return names
 
 
+def _options(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise PrivacylabError(f"--options is not JSON: {error.msg} at {error.pos}") from None
+    if not isinstance(value, dict):
+        raise PrivacylabError('--options must be a JSON object, e.g. {"knockoff": {...}}')
+    return value
+
+
 @attack_app.command("extraction")
 def attack_extraction_command(
     target: Annotated[
@@ -111,6 +124,14 @@ def attack_extraction_command(
             "budget:N, rounding:2, label-only, ...; stack with + (rounding:2+prada).",
         ),
     ] = "none",
+    options: Annotated[
+        str | None,
+        typer.Option(
+            "--options",
+            help='Attack options as JSON, per method, e.g. \'{"knockoff": {"policy": '
+            '"adaptive"}}\'.',
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the attacks.")] = 0,
     cache: Annotated[
         Path | None,
@@ -140,6 +161,7 @@ def attack_extraction_command(
             queries=queries,
             output=output,
             defenses=tuple(d for d in defense.split(",")) if defense.strip() else ("none",),
+            attack_options=_options(options),
             seed=seed,
             root=str(root) if root is not None else None,
             device=_device(device),
