@@ -68,9 +68,9 @@ READING_GUIDE = (
     "queries, measured on held-out rows the thief never saw. Fidelity is the share of those "
     "rows on which the copy gives the victim's label (what a thief who wants a drop-in "
     "replacement cares about); accuracy is the copy's own test accuracy, bounded in practice "
-    "by the victim's (dotted). Solid curves are undefended, dashed ones were measured through "
-    "a defence. A query watch such as PRADA does not change the answers; it says whether, and "
-    "after how many queries, it would have flagged the client."
+    "by the victim's (dotted). Solid curves are undefended; dashed ones with hollow squares "
+    "were measured through a defence. A query watch such as PRADA does not change the "
+    "answers; it says whether, and after how many queries, it would have flagged the client."
 )
 
 
