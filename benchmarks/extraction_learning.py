@@ -11,10 +11,28 @@ the largest budget and snapshots the copy at each smaller one: a snapshot at B q
 run with budget B returns (the attacks are sequential and seeded).
 
     python benchmarks/extraction_learning.py [--json] [--budgets 1000,2000,5000,10000]
-        [--methods copycat,knockoff,...] [--outputs scores,labels] [--pool in|ood]
-        [--epochs 10] [--victim-epochs 30] [--seed 0] [--device cpu]
+        [--methods copycat,knockoff-adaptive,...] [--outputs scores,labels,rounded:2]
+        [--pool in|ood] [--soft-loss cross-entropy|log-ratio] [--epochs 10]
+        [--victim-epochs 30] [--seed 0] [--device cpu]
 
 Progress goes to stderr; stdout holds the table (or one JSON object with `--json`).
+
+Measured (CPU, one thread, on a loaded machine; seed 0; victim accuracy 0.938 on the 500
+evaluation rows; in-distribution pool of 500 rows, mixup rows past it), fidelity at 1k / 2k /
+5k / 10k queries, `python benchmarks/extraction_learning.py --json` (cross-entropy to the
+returned vector, the default) and `--outputs scores --soft-loss log-ratio`:
+
+    method             output   1k     2k     5k     10k
+    copycat            scores   0.908  0.934  0.956  0.964   (log-ratio: 0.956 0.968 0.968 0.982)
+    copycat            labels   0.894  0.918  0.926  0.946
+    knockoff-adaptive  scores   0.906  0.918  0.922  0.940   (log-ratio: 0.956 0.964 0.970 0.976)
+    knockoff-adaptive  labels   0.894  0.900  0.908  0.930
+    jacobian           scores   0.818  0.818  0.816  0.826   (log-ratio: 0.898 0.906 0.918 0.928)
+    jacobian           labels   0.788  0.788  0.746  0.758
+    random             scores   0.328  0.360  0.374  0.388
+    random             labels   0.256  0.330  0.362  0.378
+
+knockoff-random draws the same rows as copycat from an in-distribution pool (same numbers).
 """
 
 from __future__ import annotations
@@ -36,6 +54,7 @@ from privacylab.attacks.extraction.pools import (
 )
 from privacylab.data import load_dataset
 from privacylab.data.dataset import train_test_indices
+from privacylab.defenses import parse_defense
 from privacylab.models import ModelSpec
 from privacylab.target import Access, Target
 from privacylab.training import TrainConfig, train
@@ -95,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     victim_accuracy = None
     for output in args.outputs.split(","):
-        access = Access.SCORES if output == "scores" else Access.LABEL
+        access = Access.LABEL if output == "labels" else Access.SCORES
         for method in methods:
             name, options = METHODS[method]
             task = ExtractionTask(
@@ -110,13 +129,16 @@ def main(argv: list[str] | None = None) -> int:
             )
             attack = make_extraction(
                 name,
-                answers=output,
+                answers="labels" if output == "labels" else "scores",
                 epochs=args.epochs,
                 soft_loss=args.soft_loss,
                 device=args.device,
                 **options,
             )
-            result = run_extraction(attack, Target(victim, access, data.num_classes), task, truth)
+            target = Target(victim, access, data.num_classes)
+            if output.startswith("rounded:"):
+                target = parse_defense(f"rounding:{output.split(':', 1)[1]}").defend(target)
+            result = run_extraction(attack, target, task, truth)
             victim_accuracy = result.victim_accuracy
             for point in result.curve:
                 if point.queries in budgets:
