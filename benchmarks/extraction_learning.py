@@ -25,6 +25,8 @@ returned vector, the default) and `--outputs scores --soft-loss log-ratio`:
     method             output   1k     2k     5k     10k
     copycat            scores   0.908  0.934  0.956  0.964   (log-ratio: 0.956 0.968 0.968 0.982)
     copycat            labels   0.894  0.918  0.926  0.946
+    copycat            rounded:2 0.910 0.932  0.958  0.968   (--outputs rounded:1,rounded:2)
+    copycat            rounded:1 0.898 0.932  0.946  0.970
     knockoff-adaptive  scores   0.906  0.918  0.922  0.940   (log-ratio: 0.956 0.964 0.970 0.976)
     knockoff-adaptive  labels   0.894  0.900  0.908  0.930
     jacobian           scores   0.818  0.818  0.816  0.826   (log-ratio: 0.898 0.906 0.918 0.928)
