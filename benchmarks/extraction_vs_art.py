@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import math
 import os
@@ -142,9 +143,17 @@ def train_victim(
     seed: int,
 ) -> tuple[nn.Module, ModelSpec]:
     """An MLP (784-widths-outputs) trained by `privacylab.training.train` on `rows`; with one
-    output, on the binary task digit >= 5 (logistic loss)."""
-    spec = ModelSpec("mlp", tuple(data.input_shape), outputs, {"widths": list(widths)})
+    output (the model registry builds two classes or more: the same layers are built here),
+    on the binary task digit >= 5 (logistic loss)."""
+    spec = ModelSpec("mlp", tuple(data.input_shape), max(2, outputs), {"widths": list(widths)})
     model = spec.build(seed=seed)
+    if outputs == 1:
+        torch.manual_seed(seed)
+        sizes = (int(np.prod(data.input_shape)), *widths)
+        layers: list[nn.Module] = [nn.Flatten()]
+        for fan_in, fan_out in itertools.pairwise(sizes):
+            layers += [nn.Linear(fan_in, fan_out), nn.ReLU()]
+        model = nn.Sequential(*layers, nn.Linear(sizes[-1], 1))
     x, y = data.features[rows], data.labels[rows]
     config = TrainConfig(epochs=epochs, seed=seed)
     if outputs == 1:
@@ -603,7 +612,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         name = f"784-{'-'.join(map(str, widths))}-{outputs}"
         _log(f"exact victim {name} trained [{time.perf_counter() - began:.0f} s]")
-        ours = ours_exact(victim, outputs, truth, random_x, args.seed)
+        try:
+            ours = ours_exact(victim, outputs, truth, random_x, args.seed)
+        except Exception as error:  # scoring failed: say so, go on with the next network
+            ours = {"status": f"failed: {type(error).__name__}: {str(error).splitlines()[0]}"}
         _log(f"  ours relu-exact: {ours}")
         fee = art_fee(
             victim, widths, outputs, truth, pool, random_x, args.seed, args.fee_queries,
