@@ -44,7 +44,6 @@ import numpy as np
 import torch
 from torch import nn
 
-from privacylab.attacks.core import ThreatModel
 from privacylab.attacks.extraction import (
     EXTRACTION_ATTACKS,
     ExtractionAttack,
@@ -411,24 +410,9 @@ def _deploy(
             f"{method} needs {needs.value} access but {said}{defended} serves "
             f"{target.access.value}" + (" (use --output logits)" if needs is Access.LOGITS else "")
         )
-    _serve_up_to(attack, target.access)
     return Deployment(
         method, attack, target, watches, label, _output_label(target.access, digits), precision
     )
-
-
-def _serve_up_to(attack: ExtractionAttack, serves: Access) -> None:
-    """Let an attack that can use more than it needs (`uses_up_to`, e.g. a learning attack
-    that needs labels and trains on probability vectors when it gets them) see what the
-    deployment serves, up to that: its instance's threat model is raised, so `run_extraction`
-    narrows the target to it instead of to the least the attack needs."""
-    up_to = getattr(type(attack), "uses_up_to", None)
-    if not isinstance(up_to, Access):
-        return
-    serve = serves if up_to.allows(serves) else up_to
-    current = attack.threat_model
-    if serve.rank > current.access.rank:
-        attack.threat_model = ThreatModel(serve, current.side_information)
 
 
 def _truth(

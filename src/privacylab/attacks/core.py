@@ -7,7 +7,9 @@ training example, a secret string, a backdoor).
    side information of the task it uses (e.g. `ThreatModel(Access.SCORES,
    ("population", "references"))`).
 3. `execute` narrows the `Target` to exactly that access (a view: one budget, one query
-   counter and one query monitor with the target), times the attack and counts its queries.
+   counter and one query monitor with the target) — or, for an attack that declares
+   `uses_up_to`, to what the target offers up to that — times the attack and counts its
+   queries.
 4. The attack returns its outputs (scores, a reconstruction...); the family's runner attaches
    the truth only afterwards and builds the family's one result type (for membership,
    `run_attack` -> `MembershipResult`), so no attack can look at the answer.
@@ -56,6 +58,11 @@ class Attack(ABC, Generic[TaskT, OutputT]):
 
     name: ClassVar[str]
     threat_model: ClassVar[ThreatModel]
+    uses_up_to: ClassVar[Access | None] = None
+    """The most the attack can use when the target offers more than it needs (a learning
+    extraction attack needs labels and trains on probability vectors when served them):
+    `execute` serves it min(target's access, uses_up_to) instead of the least it needs. None:
+    always exactly `threat_model.access`."""
 
     @abstractmethod
     def run(self, target: Target, task: TaskT) -> OutputT:
@@ -74,10 +81,15 @@ class Execution(Generic[OutputT]):
 
 
 def execute(attack: Attack[TaskT, OutputT], target: Target, task: TaskT) -> Execution[OutputT]:
-    """Run `attack` on a view of `target` at the attack's declared access: AccessError when
-    the target offers less; the view shares the target's budget, monitor and query count."""
+    """Run `attack` on a view of `target` at the attack's declared access (up to its
+    `uses_up_to` where the target offers more): AccessError when the target offers less; the
+    view shares the target's budget, monitor and query count; `Execution.access` is the level
+    it was served."""
     access = attack.threat_model.access
     target.require(access)
+    ceiling = attack.uses_up_to
+    if ceiling is not None and target.access.rank > access.rank:
+        access = target.access if ceiling.allows(target.access) else Access.parse(ceiling)
     view = target.with_access(access)
     start = time.perf_counter()
     output = attack.run(view, task)

@@ -345,7 +345,7 @@ def run_extraction(
         exact = exact_report(stolen, truth)
     return ExtractionResult(
         method=attack.name,
-        access=attack.threat_model.access.value,
+        access=done.access.value,
         queries=done.queries,
         seconds=done.seconds,
         accuracy=curve[-1].accuracy,

@@ -96,8 +96,8 @@ class _LearningAttack(ExtractionAttack):
     probability vectors, rounded if the target's output defence rounds them), or "auto" (the
     default: probability vectors whenever the target view it receives serves scores, else
     labels; the class-level threat model, LABEL, is the least the attack needs). `uses_up_to`
-    says what the attack can use beyond that least (scores), for a runner that serves an
-    attack up to the target's own access instead of narrowing it to the least it needs."""
+    says what the attack can use beyond that least (scores): `core.execute` serves it what
+    the target offers up to that."""
 
     uses_up_to: ClassVar[Access] = Access.SCORES
 
@@ -126,6 +126,8 @@ class _LearningAttack(ExtractionAttack):
         if self.answers == "scores":
             base = type(self).threat_model
             self.threat_model = ThreatModel(Access.SCORES, base.side_information)
+        elif self.answers == "labels":
+            self.uses_up_to = Access.LABEL
 
     def _session(self, target: Target, task: ExtractionTask) -> QuerySession:
         thief = Thief(
