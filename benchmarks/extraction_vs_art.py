@@ -1,7 +1,7 @@
 """Model extraction: privacylab's attacks against IBM ART's (`art.attacks.extraction`), the same
 victims, the same thief pool, the same query budgets, in one run.
 
-    python benchmarks/extraction_vs_art.py [--json] [--quick] [--budgets 1000 2000 5000]
+    python benchmarks/extraction_vs_art.py [--json] [--quick] [--budgets 500 1000 2000 5000]
         [--widths 512 256] [--epochs 30] [--exact 32 32:1 32,16] [--methods ...] [--seed 0]
 
 Victims, trained here with the project trainer (`privacylab.training.train`, its default
@@ -783,7 +783,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quick = args.quick
     if args.budgets is None:
-        args.budgets = [500] if quick else [1000, 2000, 5000]
+        args.budgets = [500] if quick else [500, 1000, 2000, 5000]
     if any(b < 1 for b in args.budgets):
         parser.error("budgets must be >= 1")
     args.widths = args.widths or ([64] if quick else [512, 256])
