@@ -4,6 +4,8 @@ never-switching neuron get their own status; output error is measured without a 
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import torch
 
@@ -15,7 +17,7 @@ def _victim(widths: list[int], seed: int = 0) -> list[tuple[np.ndarray, np.ndarr
     rng = np.random.default_rng(seed)
     return [
         (rng.standard_normal((o, i)) / np.sqrt(i), rng.standard_normal(o) * 0.1)
-        for i, o in zip(widths[:-1], widths[1:], strict=True)
+        for i, o in pairwise(widths)
     ]
 
 

@@ -56,6 +56,7 @@ class _Pending:
 
     kink: Kink
     u: np.ndarray | None = None
+    clustered: bool = False
 
 
 @dataclass
@@ -162,7 +163,28 @@ class _Run:
                 return True
         return False
 
+    def check_piecewise_linear(self, points: int = 8) -> None:
+        """A ReLU network is linear around almost every input: second differences vanish up
+        to rounding. Most points curved means a smooth activation (or float32 rounding):
+        ExtractionError before any search (3 queries a point)."""
+        curved = 0
+        h = 1e-4 * self.width
+        for _ in range(points):
+            x = self.rng.uniform(self.low + h, self.high - h, self.d)
+            v = self.rng.standard_normal(self.d)
+            v /= np.linalg.norm(v)
+            f = self.oracle(np.stack([x - h * v, x, x + h * v]))
+            second = np.abs(f[0] + f[2] - 2 * f[1]).max()
+            if second > 1e-10 * (1.0 + np.abs(f).max()):
+                curved += 1
+        if curved > points // 2:
+            raise ExtractionError(
+                f"relu-exact: the target's logits are curved at {curved} of {points} random "
+                "inputs (not a piecewise-linear ReLU network, or not answered in float64)"
+            )
+
     def extract(self) -> None:
+        self.check_piecewise_linear()
         depth = 1
         while depth <= self.attack.max_depth:
             rows, boundary, unexplained = self.search_layer(depth)
@@ -197,6 +219,8 @@ class _Run:
         and how many critical points remain unexplained by layers 1..depth."""
         candidates: list[_Candidate] = []
         stale = rounds = 0
+        for item in self.pending:
+            item.clustered = False
         while stale < self.attack.patience and rounds < self.attack.max_rounds:
             rounds += 1
             for _ in range(self.attack.lines_per_round):
@@ -213,6 +237,9 @@ class _Run:
                 still.append(item)
                 if item.u is None:
                     item.u, _ = gradient_jump(self.oracle, item.kink, self.step)
+                if item.clustered:
+                    continue
+                item.clustered = True
                 row = partial_row(self.net, depth, item.kink.x, item.u)
                 if row is not None:
                     add_to_clusters(clusters, row, item.kink.x)

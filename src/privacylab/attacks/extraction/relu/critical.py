@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from privacylab.attacks.extraction.base import ExtractionError
 from privacylab.attacks.extraction.relu.oracle import Oracle
 
 
@@ -54,16 +55,22 @@ def find_kinks(
     a: float = 0.0,
     b: float = 1.0,
     rtol: float = 1e-9,
-    min_width: float = 1e-10,
-    max_kinks: int = 100_000,
+    min_width: float = 1e-9,
+    max_kinks: int = 2000,
+    max_unresolved: int = 4,
+    max_segments: int = 8000,
 ) -> list[Kink]:
     """Every kink of `line` in [a, b] (those whose slope change is above `rtol` of the
     function's scale), each located as the intersection of its two linear pieces and verified
-    by one more query (Carlini et al. 2020, Sec. 4.2 and 5.3)."""
+    by one more query (Carlini et al. 2020, Sec. 4.2 and 5.3). More than `max_unresolved`
+    segments shorter than `min_width` that are neither linear nor one kink, more than
+    `max_segments` segments or `max_kinks` kinks on one line, mean the function is not
+    piecewise linear (not a ReLU network, or not answered in float64): ExtractionError."""
+    unresolved = segments = 0
     fa, fb = line([a, b])
     stack = [(a, b, float(fa), float(fb))]
     found: list[Kink] = []
-    while stack and len(found) < max_kinks:
+    while stack:
         a, b, fa, fb = stack.pop()
         width = b - a
         eps = width * 1e-4
@@ -91,6 +98,14 @@ def find_kinks(
                         x = line.x0 + t2 * line.v
                         found.append(Kink(x, line.x0, line.v, float(t2), min(t2 - a, b - t2)))
                         continue
+        segments += 1
+        if width < min_width:
+            unresolved += 1
+        if unresolved > max_unresolved or segments > max_segments or len(found) > max_kinks:
+            raise ExtractionError(
+                "relu-exact: the target's logits are not piecewise linear along a line "
+                "(not a ReLU network, or not answered in float64)"
+            )
         if width < min_width:
             continue
         m = 0.5 * (a + b)

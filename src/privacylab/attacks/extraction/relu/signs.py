@@ -25,6 +25,43 @@ from privacylab.attacks.extraction.relu.layers import Network
 from privacylab.attacks.extraction.relu.oracle import Oracle
 
 
+def _binary_solve(system: np.ndarray, target: np.ndarray, exhaustive: int = 20) -> np.ndarray:
+    """The 0/1 vector s minimising ‖system·s − target‖: least squares rounded, then (when that
+    is not exact) every vector for up to `exhaustive` unknowns — the system is
+    under-determined when the layer is wider than its input — else greedy single flips."""
+    s, *_ = np.linalg.lstsq(system, target, rcond=None)
+    best = s > 0.5
+    scale = np.linalg.norm(target) + 1e-300
+
+    def cost(v: np.ndarray) -> float:
+        return float(np.linalg.norm(system @ v.astype(float) - target))
+
+    if cost(best) <= 1e-7 * scale:
+        return best
+    n = system.shape[1]
+    if n <= exhaustive:
+        bits = (np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1
+        costs = np.concatenate(
+            [
+                np.linalg.norm(bits[i : i + 65536] @ system.T - target[None, :], axis=1)
+                for i in range(0, 2**n, 65536)
+            ]
+        )
+        return bits[int(np.argmin(costs))].astype(bool)
+    current = cost(best)
+    improved = True
+    while improved:
+        improved = False
+        for i in range(n):
+            best[i] = ~best[i]
+            trial = cost(best)
+            if trial < current:
+                current, improved = trial, True
+            else:
+                best[i] = ~best[i]
+    return best
+
+
 def last_layer_fit(
     net: Network, w: np.ndarray, b: np.ndarray, x: np.ndarray, y: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
@@ -45,8 +82,7 @@ def last_layer_fit(
     coef, *_ = np.linalg.lstsq(design, y, rcond=None)
     alpha, gamma = coef[:n], coef[n : n + m]
     system = -np.einsum("ic,iu->uci", alpha, w).reshape(-1, n)
-    s, *_ = np.linalg.lstsq(system, gamma.reshape(-1), rcond=None)
-    flips = s > 0.5
+    flips = _binary_solve(system, gamma.reshape(-1))
     linear = gamma.reshape(-1) - system @ flips.astype(float)
     residual = float(np.linalg.norm(linear) / (np.linalg.norm(gamma) + 1e-300))
     sign = np.where(flips, -1.0, 1.0)
