@@ -48,6 +48,11 @@ one-row queries). Both are scored the same way: fidelity on the evaluation rows,
 largest |output difference| over ``--random`` uniform inputs in [0, 1]^784 (as log2). A
 network FEE cannot take (deeper than one hidden layer, or one output: ART classifiers need
 two classes or more) is "not supported"; a run that raises is "failed" with ART's message.
+FEE's critical-point search walks the line parameter over [-h², h²] (h = ``num_neurons``) in
+steps of at most 0.05, and its weight search widens a finite-difference step by 0.01 up to 50
+per (neuron, pixel): its one-row queries number in the millions at h = 32, so it is stopped
+after ``--fee-seconds`` (default 900; ``--quick`` 120) or ``--fee-queries`` and reported
+"failed" with the count it reached.
 
 Seconds are wall clock on a shared 2-core machine (noisy).
 """
