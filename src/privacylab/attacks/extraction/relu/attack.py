@@ -266,7 +266,8 @@ class _Run:
                     ok, points = self.verify(depth, cand.cluster.row)
                     if ok:
                         cand.accepted, cand.on_boundary, new = True, points, True
-            stale = 0 if new else stale + 1
+            incomplete = any(c.accepted and not c.cluster.complete for c in candidates)
+            stale = 0 if new or (incomplete and rounds < self.attack.max_rounds // 2) else stale + 1
         accepted = [c for c in candidates if c.accepted]
         rows = []
         for c in accepted:
