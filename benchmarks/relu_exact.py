@@ -22,7 +22,6 @@ import math
 import sys
 import time
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -156,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         for row in rows:
             print(
                 f"{row['network']:>14}  neurons {row['neurons_recovered']}/{row['neurons_total']}"
-                f"  w-err {row['max_weight_error']:.2e}  out-err 2^{row['max_output_error_log2']:.1f}"
+                f"  w-err {row['max_weight_error']:.2e}"
+                f"  out-err 2^{row['max_output_error_log2']:.1f}"
                 f"  queries 2^{row['queries_log2']:.1f}  {row['seconds']:.1f}s"
             )
         print(json.dumps(PUBLISHED, indent=1))
