@@ -174,3 +174,14 @@ def test_relu_layers_refuses_other_networks_naming_the_layer(model: nn.Module, m
 def test_registry_names_are_normalised_and_unknown_names_are_one_line() -> None:
     with pytest.raises(ExtractionError, match="unknown extraction method"):
         EXTRACTION_ATTACKS.get("no-such-thief")
+
+
+def test_one_output_models_are_labelled_by_the_sign_of_their_logit() -> None:
+    from privacylab.attacks.extraction import predicted_labels
+
+    model = nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, -1.0]]))
+        model.bias.zero_()
+    x = torch.tensor([[2.0, 1.0], [1.0, 2.0], [0.0, 3.0]])
+    assert predicted_labels(model, x).tolist() == [1, 0, 0]

@@ -300,13 +300,15 @@ def make_extraction(name: str, **options: Any) -> ExtractionAttack:
 
 @torch.no_grad()
 def predicted_labels(model: nn.Module, x: Tensor, chunk: int = 4096) -> Tensor:
-    """Arg-max labels of `model` on `x`, in chunks, in the model's own dtype."""
+    """Labels of `model` on `x`, in chunks, in the model's own dtype: the arg-max, or for a
+    model with one output (a binary classifier's logit) whether it is positive."""
     model = model.eval()
     dtype = next((p.dtype for p in model.parameters()), torch.float32)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    out = [
-        model(x[i : i + chunk].to(device, dtype)).argmax(1).cpu() for i in range(0, len(x), chunk)
-    ]
+    out = []
+    for i in range(0, len(x), chunk):
+        logits = model(x[i : i + chunk].to(device, dtype)).cpu()
+        out.append((logits[:, 0] > 0).long() if logits.shape[1] == 1 else logits.argmax(1))
     return torch.cat(out) if out else torch.zeros(0, dtype=torch.int64)
 
 
