@@ -2,6 +2,6 @@
 (`relu-exact`): critical points on lines (`critical`), layer-by-layer hyperplane recovery
 (`layers`), sign recovery (`signs`) and the attack that puts them together (`attack`)."""
 
-from privacylab.attacks.extraction.relu import attack, critical, layers, oracle, signs
+from privacylab.attacks.extraction.relu import attack, critical, layers, oracle, refine, signs
 
-__all__ = ["attack", "critical", "layers", "oracle", "signs"]
+__all__ = ["attack", "critical", "layers", "oracle", "refine", "signs"]

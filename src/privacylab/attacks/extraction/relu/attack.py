@@ -41,6 +41,7 @@ from privacylab.attacks.extraction.relu.layers import (
     zero_crossings,
 )
 from privacylab.attacks.extraction.relu.oracle import Oracle
+from privacylab.attacks.extraction.relu.refine import crossings, exact_points, refit_row
 from privacylab.attacks.extraction.relu.signs import (
     consistency_signs,
     freeze_sign,
@@ -93,6 +94,8 @@ class ReluExact(ExtractionAttack):
         step: float = 1e-5,
         verify_lines: int = 8,
         explain_tol: float = 1e-8,
+        spread: float = 10.0,
+        refine: bool = True,
     ) -> None:
         if lines_per_round < 1 or patience < 1 or max_rounds < 1 or max_depth < 1:
             raise ExtractionError(
@@ -107,6 +110,10 @@ class ReluExact(ExtractionAttack):
         self.step = float(step)
         self.verify_lines = int(verify_lines)
         self.explain_tol = float(explain_tol)
+        if not spread > 0:
+            raise ExtractionError(f"relu-exact: spread must be > 0, got {spread!r}")
+        self.spread = float(spread)
+        self.refine = bool(refine)
 
     def steal(self, target: Target, task: ExtractionTask) -> Stolen:
         run = _Run(self, target, task)
@@ -140,11 +147,26 @@ class _Run:
         self.step = attack.step * self.width
 
     def random_point(self) -> np.ndarray:
-        """A uniform input, or (half the time) a random corner of the domain: lines between
-        corners reach the boundaries that cross the box near its faces."""
-        if self.rng.random() < 0.5:
+        """A query point for search and verification lines. The oracle takes any float64 input
+        (Carlini et al. 2020 query all of R^d; the box is only where the output error is
+        measured), so two thirds of the points are a uniform point of the box plus Gaussian
+        noise of s box widths per coordinate, s log-uniform in [0.1, `spread`]: lines between
+        them cross every first-layer hyperplane with constant probability, also those of
+        neurons that never switch inside the box (trained networks' neurons that are active
+        or inactive on the whole box). The rest are uniform in the box or random corners
+        (boundaries near its faces)."""
+        u = self.rng.random()
+        if u < 2.0 / 3.0:
+            scale = np.exp(self.rng.uniform(np.log(0.1), np.log(max(self.attack.spread, 0.1))))
+            noise = scale * self.width * self.rng.standard_normal(self.d)
+            return self.rng.uniform(self.low, self.high, self.d) + noise
+        if u < 5.0 / 6.0:
             return self.rng.uniform(self.low, self.high, self.d)
         return np.where(self.rng.random(self.d) < 0.5, self.low, self.high).astype(np.float64)
+
+    def random_points(self, n: int) -> np.ndarray:
+        """`n` rows of `random_point` (one call)."""
+        return np.stack([self.random_point() for _ in range(n)])
 
     def random_line(self) -> tuple[np.ndarray, np.ndarray]:
         x0, x1 = self.random_point(), self.random_point()
@@ -163,12 +185,12 @@ class _Run:
                 return True
         return False
 
-    def check_piecewise_linear(self, points: int = 8) -> None:
+    def check_piecewise_linear(self, points: int = 16) -> None:
         """A ReLU network is linear around almost every input: second differences vanish up
         to rounding. Most points curved means a smooth activation (or float32 rounding):
         ExtractionError before any search (3 queries a point)."""
         curved = 0
-        h = 1e-4 * self.width
+        h = 1e-3 * self.width
         for _ in range(points):
             x = self.rng.uniform(self.low + h, self.high - h, self.d)
             v = self.rng.standard_normal(self.d)
@@ -202,6 +224,8 @@ class _Run:
                 "neurons": len(rows),
                 "unknown_weights": int(missing.sum()),
             }
+            if self.attack.refine:
+                info["refined"] = self.refine(depth)
             self.report.append(info)
             if unexplained == 0:
                 break
@@ -285,7 +309,7 @@ class _Run:
         skipped; the known layers make the crossings free to compute)."""
         unknown = np.isnan(row[:-1])
         w, b = np.nan_to_num(row[:-1]), float(row[-1])
-        x = self.rng.uniform(self.low, self.high, (2048, self.d))
+        x = self.random_points(2048)
         h = self.net.hidden(x, depth - 1)
         value = h @ w + b
         usable = ~(h[:, unknown] > 0).any(1) if unknown.any() else np.ones(len(x), bool)
@@ -304,8 +328,8 @@ class _Run:
                     and (self.net.hidden(at[None, :], depth - 1)[0][unknown] > 0).any()
                 ):
                     continue
-                gap = 1e-5 * self.width / max(float(np.linalg.norm(v)), 1e-300)
-                gap = min(gap, 0.25 * t, 0.25 * (1 - t))
+                gap = 1e-3 * self.width / max(float(np.linalg.norm(v)), 1e-300)
+                gap = min(gap, 0.2 * t, 0.2 * (1 - t))
                 seen = kink_at(Line(self.oracle, x0, v, self.r), t, gap)
                 if seen is None:
                     masked += 1
@@ -317,6 +341,43 @@ class _Run:
             if yes >= 3 and no == 0:
                 break
         return (yes >= 2 and no == 0 and yes >= masked), points
+
+    def refine(self, depth: int) -> int:
+        """Precision refinement of layer `depth` (`refine` module; Carlini et al. 2020, Sec.
+        5.3): per neuron, critical points located exactly on lines across its predicted
+        boundary, and the row refitted through them. Returns how many rows were refitted."""
+        w, b = self.net.layers[depth - 1]
+        w, b = w.copy(), b.copy()
+        previous = Network(self.net.layers[: depth - 1])
+        m = w.shape[1]
+        n_lines = int(1.5 * (m + 1)) + 16
+        done = 0
+        for i in range(w.shape[0]):
+            row = np.concatenate([w[i], [b[i]]])
+            found: list[np.ndarray] = []
+            for _ in range(4):
+                x0 = self.random_points(n_lines)
+                v = self.random_points(n_lines) - x0
+                t = crossings(previous, depth, w[i], float(b[i]), x0, v)
+                keep = ~np.isnan(t)
+                x0, v, t = x0[keep], v[keep], t[keep]
+                if len(t):
+                    gap = 1e-4 * self.width / np.linalg.norm(v, axis=1)
+                    gap = np.minimum(gap, np.minimum(t, 1 - t) / 4)
+                    found.extend(exact_points(self.oracle, self.r, x0, v, t, gap))
+                if len(found) < m + 3:
+                    continue
+                fit = refit_row(previous.hidden(np.array(found)), row)
+                if fit is None or fit[1] > 1e-9:
+                    continue
+                new = fit[0]
+                if 1.0 - abs(float(new @ row) / np.linalg.norm(row)) > 1e-6:
+                    break
+                w[i], b[i] = new[:-1], new[-1]
+                done += 1
+                break
+        self.net.layers[depth - 1] = (w, b)
+        return done
 
     def intermediate_signs(self, depth: int, boundary: list[list[np.ndarray]]) -> dict[str, int]:
         """Signs of an intermediate layer: the exact freeze test where it applies, else the
@@ -368,7 +429,7 @@ class _Run:
             for x in points[:per_neuron]:
                 noise = self.rng.standard_normal(self.d)
                 radius = 0.05 * self.width * self.rng.random()
-                out.append(np.clip(x + radius * noise / np.linalg.norm(noise), self.low, self.high))
+                out.append(x + radius * noise / np.linalg.norm(noise))
         return np.array(out).reshape(-1, self.d)
 
     def finish(self) -> None:
@@ -380,7 +441,13 @@ class _Run:
         previous = Network(self.net.layers[:-1])
         n_in = previous.hidden(np.zeros((1, self.d))).shape[1]
         n = 2 * (w.shape[0] + n_in + 1) + 16
-        x = np.vstack([self.rng.uniform(self.low, self.high, (n, self.d)), self.near_boundaries()])
+        x = np.vstack(
+            [
+                self.rng.uniform(self.low, self.high, (n, self.d)),
+                self.random_points(n),
+                self.near_boundaries(),
+            ]
+        )
         y = self.oracle(x)
         flips, alpha, linear, bias, residual = last_layer_fit(previous, w, b, x, y)
         sign = np.where(flips, -1.0, 1.0)

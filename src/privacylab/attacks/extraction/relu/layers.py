@@ -168,14 +168,18 @@ def zero_crossings(
 
 
 def kink_at(line: Line, t: float, gap: float) -> bool | None:
-    """Whether the oracle has a kink at t on `line`: the pieces through t−2g, t−g and t+g,
-    t+2g meet within a thousandth of g of t (4 queries). None when no slope change is
-    visible there (the neuron's effect is masked at that point)."""
-    f = line([t - 2 * gap, t - gap, t + gap, t + 2 * gap])
-    sl, sr = (f[1] - f[0]) / gap, (f[3] - f[2]) / gap
+    """Whether the oracle has a kink at t on `line` (6 queries): the pieces through t−3g, t−2g,
+    t−g and t+g, t+2g, t+3g, each straight, are intersected (Carlini et al. 2020, Sec. 4.2);
+    True when they meet within g/2 of t, False when they meet elsewhere. None when no slope
+    change is visible (the neuron's effect is masked there, or no kink at all: a wrong
+    candidate gets only None) or a side bends (another kink nearby)."""
+    f = line([t - 3 * gap, t - 2 * gap, t - gap, t + gap, t + 2 * gap, t + 3 * gap])
+    sl, sr = (f[2] - f[0]) / (2 * gap), (f[5] - f[3]) / (2 * gap)
     noise = 1e-12 * (1.0 + float(np.abs(f).max()))
     jump = abs(sl - sr) * gap
     if jump <= 1e3 * noise:
         return None
-    left_at, right_at = f[1] + sl * gap, f[2] - sr * gap
-    return bool(abs(left_at - right_at) <= 1e-3 * jump + noise)
+    if max(abs(f[0] + f[2] - 2 * f[1]), abs(f[3] + f[5] - 2 * f[4])) > 1e-4 * jump + 10 * noise:
+        return None
+    meet = (f[3] - f[2] + sl * (t - gap) - sr * (t + gap)) / (sl - sr)
+    return bool(abs(meet - t) < 0.5 * gap)
