@@ -356,13 +356,11 @@ class _Run:
             row = np.concatenate([w[i], [b[i]]])
             found: list[np.ndarray] = []
             for _ in range(4):
-                x0 = self.random_points(n_lines)
-                v = self.random_points(n_lines) - x0
-                t = crossings(previous, depth, w[i], float(b[i]), x0, v)
+                x0, v, t = self.refine_lines(previous, depth, w[i], float(b[i]), n_lines)
                 keep = ~np.isnan(t)
                 x0, v, t = x0[keep], v[keep], t[keep]
                 if len(t):
-                    gap = 1e-4 * self.width / np.linalg.norm(v, axis=1)
+                    gap = 1e-3 * self.width / np.linalg.norm(v, axis=1)
                     gap = np.minimum(gap, np.minimum(t, 1 - t) / 4)
                     found.extend(exact_points(self.oracle, self.r, x0, v, t, gap))
                 if len(found) < m + 3:
@@ -378,6 +376,25 @@ class _Run:
                 break
         self.net.layers[depth - 1] = (w, b)
         return done
+
+    def refine_lines(
+        self, previous: Network, depth: int, w: np.ndarray, b: float, n: int
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Lines x0 + t·v across a neuron's predicted boundary and the crossings t. First
+        layer: short lines (one box width) centred on the projection of a random box point
+        onto the hyperplane, t = 1/2: the crossings lie as close to the box as the
+        hyperplane allows, where the outputs (and their rounding) are smallest. Deeper
+        layers: random lines and their computed crossings."""
+        if depth > 1:
+            x0 = self.random_points(n)
+            v = self.random_points(n) - x0
+            return x0, v, crossings(previous, depth, w, b, x0, v)
+        x = self.rng.uniform(self.low, self.high, (n, self.d))
+        x += 0.1 * self.width * self.rng.standard_normal((n, self.d))
+        on = x - ((x @ w + b) / float(w @ w))[:, None] * w[None, :]
+        v = self.rng.standard_normal((n, self.d))
+        v *= self.width / np.linalg.norm(v, axis=1, keepdims=True)
+        return on - 0.5 * v, v, np.full(n, 0.5)
 
     def intermediate_signs(self, depth: int, boundary: list[list[np.ndarray]]) -> dict[str, int]:
         """Signs of an intermediate layer: the exact freeze test where it applies, else the

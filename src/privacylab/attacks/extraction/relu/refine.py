@@ -63,23 +63,34 @@ def exact_points(
 def refit_row(h: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, float] | None:
     """The row [w, b] with [h, 1]·row = 0 over the critical points' previous-layer activations
     h (smallest right singular vector, on the coordinates active at some point; the others
-    keep `row`'s values), scaled to `row`'s orientation and unit norm; and the relative
-    residual. None when the points do not determine it."""
+    keep `row`'s values; points more than 10× the median residual off are dropped and the fit
+    repeated, at most twice), scaled to `row`'s orientation and unit norm; and the largest
+    relative residual of the points kept. None when the points do not determine it."""
     a = np.hstack([h, np.ones((len(h), 1))])
     known = np.abs(a).max(0) > 0
     sub = a[:, known]
     if sub.shape[0] < sub.shape[1] + 2:
         return None
     norms = np.linalg.norm(sub, axis=0)
-    _, s, vt = np.linalg.svd(sub / norms, full_matrices=False)
+    norms[norms == 0] = 1.0
+    use = np.ones(len(sub), dtype=bool)
+    for _ in range(3):
+        if int(use.sum()) < sub.shape[1] + 2:
+            return None
+        _, s, vt = np.linalg.svd(sub[use] / norms, full_matrices=False)
+        null = vt[-1] / norms
+        err = np.abs(sub @ null) / (np.abs(sub) @ np.abs(null))
+        cut = max(10.0 * float(np.median(err[use])), 1e-15)
+        if (err[use] <= cut).all():
+            break
+        use = err <= cut
     if s[-2] <= 1e3 * s[-1]:
         return None
-    null = vt[-1] / norms
     old = np.nan_to_num(row[known])
     c = float(old @ null) / float(null @ null)
     if c == 0:
         return None
     new = row.copy()
     new[known] = c * null
-    residual = float(np.abs(sub @ null).max() / (np.abs(sub) @ np.abs(null)).max())
+    residual = float(err[use].max())
     return new / np.linalg.norm(np.nan_to_num(new)), residual
