@@ -76,7 +76,11 @@ class ReluExact(ExtractionAttack):
     rounds without a new neuron (at most `max_rounds` per layer, `max_depth` layers); `step` is
     the finite-difference step (relative to the domain width); `verify_lines` fresh lines test
     each candidate neuron; `explain_tol` is the relative distance to a known boundary under
-    which a critical point is that neuron's."""
+    which a critical point is that neuron's. The oracle is queried anywhere in R^d, not only in
+    the box `task.bounds` (where the output error is measured): search points are spread up to
+    `spread` box widths around it, and each search line x0 + t·v is followed over
+    t in [−`reach`, 1 + `reach`]. With `refine`, every recovered layer is refitted through
+    critical points located exactly on its boundaries (Carlini et al. 2020, Sec. 5.3)."""
 
     threat_model = ThreatModel(Access.LOGITS, ("bounds",))
     exact = True
@@ -93,9 +97,10 @@ class ReluExact(ExtractionAttack):
         max_depth: int = 8,
         step: float = 1e-5,
         verify_lines: int = 8,
-        explain_tol: float = 1e-8,
+        explain_tol: float = 1e-7,
         spread: float = 10.0,
         refine: bool = True,
+        reach: float = 4.0,
     ) -> None:
         if lines_per_round < 1 or patience < 1 or max_rounds < 1 or max_depth < 1:
             raise ExtractionError(
@@ -114,6 +119,9 @@ class ReluExact(ExtractionAttack):
             raise ExtractionError(f"relu-exact: spread must be > 0, got {spread!r}")
         self.spread = float(spread)
         self.refine = bool(refine)
+        if not reach >= 0:
+            raise ExtractionError(f"relu-exact: reach must be >= 0, got {reach!r}")
+        self.reach = float(reach)
 
     def steal(self, target: Target, task: ExtractionTask) -> Stolen:
         run = _Run(self, target, task)
@@ -226,6 +234,8 @@ class _Run:
             }
             if self.attack.refine:
                 info["refined"] = self.refine(depth)
+                self.pending = [p for p in self.pending if not self.explained(p.kink.x, [])]
+                unexplained = len(self.pending)
             self.report.append(info)
             if unexplained == 0:
                 break
@@ -249,7 +259,8 @@ class _Run:
             rounds += 1
             for _ in range(self.attack.lines_per_round):
                 x0, v = self.random_line()
-                kinks = find_kinks(Line(self.oracle, x0, v, self.r))
+                reach = self.attack.reach
+                kinks = find_kinks(Line(self.oracle, x0, v, self.r), -reach, 1.0 + reach)
                 self.kinks_found += len(kinks)
                 self.pending.extend(_Pending(k) for k in kinks)
             accepted_rows = [c.cluster.row for c in candidates if c.accepted]
