@@ -95,3 +95,49 @@ def test_budget_stops_the_attack():
     stolen = make_extraction("relu-exact").steal(target, ExtractionTask((10,), 1))
     assert stolen.stopped == "budget"
     assert target.queries <= 300
+
+
+def test_neuron_that_never_switches_in_the_box_is_recovered():
+    """Queries go anywhere in R^d: a neuron active on the whole box (its hyperplane lies
+    outside it) is still found, and the output error stays at float64 level."""
+    widths = [6, 8, 1]
+    model = _victim(widths, seed=3)
+    first = model[1]
+    with torch.no_grad():
+        first.bias[0] = first.weight[0].abs().sum() + 0.5  # active on all of [0, 1]^6
+    result = _run(model, widths)
+    exact = result.exact
+    assert exact["neurons_recovered"] == exact["neurons_total"] == 8
+    assert exact["neurons_unobservable"] == 0
+    assert exact["max_output_error_log2"] <= -30
+
+
+def test_precision_refinement_reaches_rounding_level():
+    """Carlini et al. 2020, Sec. 5.3: critical points located exactly on lines across a
+    slightly wrong hyperplane refit it to float64 rounding (closed-form victim, numpy)."""
+    import numpy as np
+
+    from privacylab.attacks.extraction.relu.layers import Network
+    from privacylab.attacks.extraction.relu.oracle import Oracle
+    from privacylab.attacks.extraction.relu.refine import crossings, exact_points, refit_row
+
+    widths = [5, 7, 1]
+    model = _victim(widths, seed=2)
+    (w, b), _ = relu_layers(model)
+    true = np.hstack([w[0], b[0]]) / np.linalg.norm(np.hstack([w[0], b[0]]))
+    rng = np.random.default_rng(0)
+    guess = true + 1e-7 * rng.standard_normal(6)
+    guess /= np.linalg.norm(guess)
+    oracle = Oracle(Target(model, "logits", 1, precision="float64"), (5,))
+    x0 = rng.uniform(-2, 3, (60, 5))
+    v = rng.uniform(-2, 3, (60, 5)) - x0
+    t = crossings(Network(), 1, guess[:-1], float(guess[-1]), x0, v)
+    keep = ~np.isnan(t)
+    gap = 1e-3 / np.linalg.norm(v[keep], axis=1)
+    points = exact_points(oracle, np.ones(1), x0[keep], v[keep], t[keep], gap)
+    assert len(points) >= 10
+    fit = refit_row(points, guess)
+    assert fit is not None
+    row, residual = fit
+    assert np.abs(row - true).max() < 1e-12 < np.abs(guess - true).max()
+    assert residual < 1e-12
