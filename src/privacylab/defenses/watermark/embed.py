@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from privacylab.data import Dataset, load_dataset, split_train_test
+from privacylab.defenses.base import accuracy
 from privacylab.defenses.watermark.trigger import (
     TRIGGER_SPEC_FILE,
     TriggerSet,
@@ -115,18 +116,6 @@ def embed_watermark(
     return Watermarked(result.model, trigger, copies, result)
 
 
-@torch.no_grad()
-def _accuracy(model: nn.Module, data: Dataset) -> float:
-    model.eval()
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    right = 0
-    for start in range(0, len(data), 4096):
-        x = data.features[start : start + 4096].to(device)
-        y = data.labels[start : start + 4096].to(device)
-        right += int((model(x).argmax(1) == y).sum())
-    return right / max(1, len(data))
-
-
 def watermark_job(
     dataset: str,
     model: str,
@@ -185,7 +174,7 @@ def watermark_job(
         progress=stage("watermarked"),
     )
     check: Verification = verify_watermark(marked.model, trigger, threshold=threshold)
-    test_accuracy = _accuracy(marked.model, nonmembers)
+    test_accuracy = accuracy(marked.model, nonmembers)
     summary: dict[str, Any] = {
         "dataset": data.name,
         "model": model,
@@ -222,7 +211,7 @@ def watermark_job(
         )
         plain = train(plain, members, config, nonmembers, progress=stage("baseline")).model
         null = verify_watermark(plain, trigger, threshold=threshold)
-        baseline_accuracy = _accuracy(plain, nonmembers)
+        baseline_accuracy = accuracy(plain, nonmembers)
         summary["baseline_test_accuracy"] = baseline_accuracy
         summary["accuracy_cost"] = baseline_accuracy - test_accuracy
         summary["baseline"] = {
