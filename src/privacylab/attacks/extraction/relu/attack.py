@@ -78,8 +78,9 @@ class ReluExact(ExtractionAttack):
     each candidate neuron; `explain_tol` is the relative distance to a known boundary under
     which a critical point is that neuron's. The oracle is queried anywhere in R^d, not only in
     the box `task.bounds` (where the output error is measured): search points are spread up to
-    `spread` box widths around it, and each search line x0 + t·v is followed over
-    t in [−`reach`, 1 + `reach`]. With `refine`, every recovered layer is refitted through
+    `spread` box widths around it, and each first-layer search line x0 + t·v is followed over
+    t in [−`reach`, 1 + `reach`] (deeper layers: t in [0, 1], their boundaries bend and far
+    lines hold many more kinks). With `refine`, every recovered layer is refitted through
     critical points located exactly on its boundaries (Carlini et al. 2020, Sec. 5.3)."""
 
     threat_model = ThreatModel(Access.LOGITS, ("bounds",))
@@ -172,6 +173,14 @@ class _Run:
             return self.rng.uniform(self.low, self.high, self.d)
         return np.where(self.rng.random(self.d) < 0.5, self.low, self.high).astype(np.float64)
 
+    def step_at(self, x: np.ndarray) -> float:
+        """The finite-difference step at x: `step` box widths inside the box's radius, growing
+        with the distance from its centre beyond it (the outputs, and so their rounding, grow
+        about linearly with the distance; inside a linear piece any step is exact)."""
+        radius = 0.5 * self.width * np.sqrt(self.d)
+        distance = float(np.linalg.norm(x - 0.5 * (self.low + self.high)))
+        return self.step * max(1.0, distance / radius)
+
     def random_points(self, n: int) -> np.ndarray:
         """`n` rows of `random_point` (one call)."""
         return np.stack([self.random_point() for _ in range(n)])
@@ -218,6 +227,7 @@ class _Run:
         depth = 1
         while depth <= self.attack.max_depth:
             rows, boundary, unexplained = self.search_layer(depth)
+            previous_boundary = self.boundary
             if rows:
                 self.boundary = boundary
             if not rows:
@@ -233,7 +243,20 @@ class _Run:
                 "unknown_weights": int(missing.sum()),
             }
             if self.attack.refine:
-                info["refined"] = self.refine(depth)
+                refined = self.refine(depth)
+                info["refined"] = int(refined.sum())
+                if depth > 1:
+                    keep = self.distinct(depth, refined)
+                    if not keep:
+                        self.net.layers.pop()
+                        self.boundary = previous_boundary
+                        break
+                    info["dropped"] = int(len(refined) - len(keep))
+                    w, b = self.net.layers[depth - 1]
+                    self.net.layers[depth - 1] = (w[keep], b[keep])
+                    boundary = [boundary[i] for i in keep]
+                    self.boundary = boundary
+                    info["neurons"] = len(keep)
                 self.pending = [p for p in self.pending if not self.explained(p.kink.x, [])]
                 unexplained = len(self.pending)
             self.report.append(info)
@@ -259,7 +282,7 @@ class _Run:
             rounds += 1
             for _ in range(self.attack.lines_per_round):
                 x0, v = self.random_line()
-                reach = self.attack.reach
+                reach = self.attack.reach if depth == 1 else 0.0
                 kinks = find_kinks(Line(self.oracle, x0, v, self.r), -reach, 1.0 + reach)
                 self.kinks_found += len(kinks)
                 self.pending.extend(_Pending(k) for k in kinks)
@@ -271,7 +294,7 @@ class _Run:
                     continue
                 still.append(item)
                 if item.u is None:
-                    item.u, _ = gradient_jump(self.oracle, item.kink, self.step)
+                    item.u, _ = gradient_jump(self.oracle, item.kink, self.step_at(item.kink.x))
                 if item.clustered:
                     continue
                 item.clustered = True
@@ -353,16 +376,16 @@ class _Run:
                 break
         return (yes >= 2 and no == 0 and yes >= masked), points
 
-    def refine(self, depth: int) -> int:
+    def refine(self, depth: int) -> np.ndarray:
         """Precision refinement of layer `depth` (`refine` module; Carlini et al. 2020, Sec.
         5.3): per neuron, critical points located exactly on lines across its predicted
-        boundary, and the row refitted through them. Returns how many rows were refitted."""
+        boundary, and the row refitted through them. Returns which rows were refitted."""
         w, b = self.net.layers[depth - 1]
         w, b = w.copy(), b.copy()
         previous = Network(self.net.layers[: depth - 1])
         m = w.shape[1]
         n_lines = int(1.5 * (m + 1)) + 16
-        done = 0
+        done = np.zeros(w.shape[0], dtype=bool)
         for i in range(w.shape[0]):
             row = np.concatenate([w[i], [b[i]]])
             found: list[np.ndarray] = []
@@ -383,10 +406,23 @@ class _Run:
                 if 1.0 - abs(float(new @ row) / np.linalg.norm(row)) > 1e-6:
                     break
                 w[i], b[i] = new[:-1], new[-1]
-                done += 1
+                done[i] = True
                 break
         self.net.layers[depth - 1] = (w, b)
         return done
+
+    def distinct(self, depth: int, refined: np.ndarray) -> list[int]:
+        """Rows of a deeper layer to keep: the refitted ones (a refit needs many critical points
+        exactly on the predicted boundary, a stronger test than `verify`; merged partial rows
+        of different neurons fail it), one per neuron (refits of one neuron coincide)."""
+        w, b = self.net.layers[depth - 1]
+        rows = np.hstack([w, b[:, None]])
+        rows = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+        keep: list[int] = []
+        for i in np.flatnonzero(refined):
+            if all(1.0 - abs(float(rows[i] @ rows[j])) > 1e-9 for j in keep):
+                keep.append(int(i))
+        return keep
 
     def refine_lines(
         self, previous: Network, depth: int, w: np.ndarray, b: float, n: int
@@ -450,14 +486,23 @@ class _Run:
         return counts
 
     def near_boundaries(self, per_neuron: int = 4) -> np.ndarray:
-        """Inputs scattered around each last-layer neuron's critical points, so that every
-        neuron is seen on both sides in the read-out regression, however rarely it switches."""
+        """Inputs scattered around each last-layer neuron's boundary, as close to the box as
+        possible, so that every neuron is seen on both sides in the read-out regression,
+        however rarely it switches (first layer: box points projected onto the hyperplane;
+        deeper: its critical points). Far inputs would only add rounding to the fit."""
         out = []
-        for points in self.boundary:
-            for x in points[:per_neuron]:
-                noise = self.rng.standard_normal(self.d)
-                radius = 0.05 * self.width * self.rng.random()
-                out.append(x + radius * noise / np.linalg.norm(noise))
+        if len(self.net.layers) == 1:
+            w, b = self.net.layers[0]
+            x = self.rng.uniform(self.low, self.high, (per_neuron * len(w), self.d))
+            rows = np.repeat(np.arange(len(w)), per_neuron)
+            z = np.einsum("ij,ij->i", x, w[rows]) + b[rows]
+            centres = x - (z / np.einsum("ij,ij->i", w[rows], w[rows]))[:, None] * w[rows]
+        else:
+            centres = np.array([x for points in self.boundary for x in points[:per_neuron]])
+        for x in centres.reshape(-1, self.d):
+            noise = self.rng.standard_normal(self.d)
+            radius = 0.05 * self.width * self.rng.random()
+            out.append(x + radius * noise / np.linalg.norm(noise))
         return np.array(out).reshape(-1, self.d)
 
     def finish(self) -> None:
@@ -472,7 +517,6 @@ class _Run:
         x = np.vstack(
             [
                 self.rng.uniform(self.low, self.high, (n, self.d)),
-                self.random_points(n),
                 self.near_boundaries(),
             ]
         )
