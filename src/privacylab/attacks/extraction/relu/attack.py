@@ -486,23 +486,14 @@ class _Run:
         return counts
 
     def near_boundaries(self, per_neuron: int = 4) -> np.ndarray:
-        """Inputs scattered around each last-layer neuron's boundary, as close to the box as
-        possible, so that every neuron is seen on both sides in the read-out regression,
-        however rarely it switches (first layer: box points projected onto the hyperplane;
-        deeper: its critical points). Far inputs would only add rounding to the fit."""
+        """Inputs scattered around each last-layer neuron's critical points, so that every
+        neuron is seen on both sides in the read-out regression, however rarely it switches."""
         out = []
-        if len(self.net.layers) == 1:
-            w, b = self.net.layers[0]
-            x = self.rng.uniform(self.low, self.high, (per_neuron * len(w), self.d))
-            rows = np.repeat(np.arange(len(w)), per_neuron)
-            z = np.einsum("ij,ij->i", x, w[rows]) + b[rows]
-            centres = x - (z / np.einsum("ij,ij->i", w[rows], w[rows]))[:, None] * w[rows]
-        else:
-            centres = np.array([x for points in self.boundary for x in points[:per_neuron]])
-        for x in centres.reshape(-1, self.d):
-            noise = self.rng.standard_normal(self.d)
-            radius = 0.05 * self.width * self.rng.random()
-            out.append(x + radius * noise / np.linalg.norm(noise))
+        for points in self.boundary:
+            for x in points[:per_neuron]:
+                noise = self.rng.standard_normal(self.d)
+                radius = 0.05 * self.width * self.rng.random()
+                out.append(x + radius * noise / np.linalg.norm(noise))
         return np.array(out).reshape(-1, self.d)
 
     def finish(self) -> None:
@@ -517,6 +508,7 @@ class _Run:
         x = np.vstack(
             [
                 self.rng.uniform(self.low, self.high, (n, self.d)),
+                self.random_points(n),
                 self.near_boundaries(),
             ]
         )
