@@ -158,8 +158,11 @@ def max_output_error(
     n: int = 100_000,
     seed: int = 0,
     chunk: int = 10_000,
+    centre: bool = False,
 ) -> float:
-    """max |f̂(x) − f(x)| over `n` uniform random inputs in `bounds`, both in float64."""
+    """max |f̂(x) − f(x)| over `n` uniform random inputs in `bounds`, both in float64; with
+    `centre`, each output row is centred across classes first (softmax logits are identifiable
+    only up to a per-row constant from probabilities)."""
     gen = torch.Generator().manual_seed(seed)
     low, high = bounds
     victim, stolen = victim.double().eval(), stolen.double().eval()
@@ -167,7 +170,10 @@ def max_output_error(
     for i in range(0, n, chunk):
         m = min(chunk, n - i)
         x = low + (high - low) * torch.rand((m, *input_shape), generator=gen, dtype=torch.float64)
-        worst = max(worst, float((victim(x) - stolen(x)).abs().max()))
+        diff = victim(x) - stolen(x)
+        if centre:
+            diff = diff - diff.mean(1, keepdim=True)
+        worst = max(worst, float(diff.abs().max()))
     return worst
 
 
@@ -175,14 +181,23 @@ def exact_report(stolen: Stolen, truth: Truth, n: int = 100_000) -> dict[str, An
     """The exact attacks' metrics: `neurons_recovered`/`neurons_total` (victim hidden
     neurons; for a one-layer model, its output rows), per-status counts and per-layer statuses,
     `max_weight_error` after alignment, `max_output_error` and its log2 over `n` uniform
-    inputs in `truth.bounds` (the evaluator's victim, no target queries)."""
+    inputs in `truth.bounds` (the evaluator's victim, no target queries; for a one-layer
+    softmax model, logits centred across classes, as its weights are)."""
     input_shape = tuple(truth.x.shape[1:])
     victim_model = (
         layers_module(truth.layers, input_shape)
         if truth.layers is not None
         else copy_double(truth.model)
     )
-    out_err = max_output_error(victim_model, stolen.model, truth.bounds, input_shape, n)
+    softmax_linear = (
+        truth.layers is not None
+        and stolen.layers is not None
+        and len(truth.layers) == len(stolen.layers) == 1
+        and truth.layers[0][0].shape[0] > 1
+    )
+    out_err = max_output_error(
+        victim_model, stolen.model, truth.bounds, input_shape, n, centre=softmax_linear
+    )
     report: dict[str, Any] = {
         "max_output_error": out_err,
         "max_output_error_log2": float(np.log2(max(out_err, 2.0**-1074))),
