@@ -66,20 +66,6 @@ ATTACKS: dict[str, tuple[str, dict[str, Any]]] = {
 """Row name: (registered extraction attack, its options)."""
 
 
-def _stolen_model(attack: Any) -> dict[str, Any]:
-    """Keep the copy `run_extraction` builds (its result holds metrics only): the attack's
-    `steal` is wrapped to record what it returns."""
-    kept: dict[str, Any] = {}
-    steal = attack.steal
-
-    def recording(target: Target, task: ExtractionTask) -> Any:
-        kept["stolen"] = steal(target, task)
-        return kept["stolen"]
-
-    attack.steal = recording
-    return kept
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     widths = tuple(int(w) for w in args.widths.split(",") if w.strip())
@@ -157,7 +143,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append({"model": name, "role": "copy", "skipped": "not registered"})
             continue
         attack = make_extraction(method, **options)
-        kept = _stolen_model(attack)
         task = ExtractionTask(
             input_shape=tuple(spec.input_shape),
             num_classes=spec.num_classes,
@@ -179,7 +164,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row = verified(
             name,
             "copy",
-            kept["stolen"].model,
+            result.stolen.model,
             queries=result.queries,
             seconds=result.seconds,
             curve=[vars(p) for p in result.curve],
