@@ -234,10 +234,8 @@ class Target:
             if node._own_monitor is not None:
                 node._own_monitor(x.detach())
         ledger.total += n
-        node: Target | None = self
-        while node is not None:
+        for node in chain:
             node._queries += n
-            node = node._parent
 
     def _check(self, out: Tensor) -> None:
         """One-line TargetError for outputs of the wrong shape, non-finite outputs, or outputs
