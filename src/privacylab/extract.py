@@ -547,14 +547,12 @@ def extraction_rows(
     deployment is built, and every bad combination refused, before the first query."""
     config.validate()
     methods = config.chosen_methods()
-    alternatives = config.alternatives()
     victim = load_victim(config.target, config.root, config.device)
     attacks = {m: config.attack(m) for m in methods}
     truth = _truth(victim, methods, attacks)
     plan: list[Deployment] = []
     for method in methods:
-        for j, (label, _) in enumerate(alternatives):
-            fresh = config.alternatives()[j][1]
+        for label, fresh in config.alternatives():  # fresh defence objects per deployment
             plan.append(
                 _deploy(
                     victim,

@@ -160,7 +160,7 @@ def attack_extraction_command(
             methods=_methods(method),
             queries=queries,
             output=output,
-            defenses=tuple(d for d in defense.split(",")) if defense.strip() else ("none",),
+            defenses=tuple(defense.split(",")) if defense.strip() else ("none",),
             attack_options=_options(options),
             seed=seed,
             root=str(root) if root is not None else None,
