@@ -46,7 +46,12 @@ from privacylab.attacks.extraction.base import (
     Stolen,
     register_extraction,
 )
-from privacylab.attacks.extraction.thief import SOFT_LOSSES, QuerySession, Thief
+from privacylab.attacks.extraction.thief import (
+    SOFT_LOSSES,
+    QuerySession,
+    Thief,
+    soft_cross_entropy_rows,
+)
 from privacylab.target import Access, Target
 
 __all__ = [
@@ -374,11 +379,8 @@ def loss_reward(probs: Tensor, thief_logits: Tensor) -> Tensor:
     -sum_k y_k log softmax(f_A(x))_k, with log-softmax (finite for finite logits; non-finite
     logits are clamped) and the answer renormalised (an all-zero row reads as uniform)."""
     probs = _as_probabilities(probs, thief_logits.shape[1])
-    total = probs.sum(1, keepdim=True)
-    uniform = torch.full_like(probs, 1.0 / probs.shape[1])
-    probs = torch.where(total > 0, probs / total.clamp_min(1e-12), uniform)
     logits = torch.nan_to_num(thief_logits.double(), nan=0.0, posinf=1e4, neginf=-1e4)
-    return -(probs * F.log_softmax(logits, dim=1)).sum(1)
+    return soft_cross_entropy_rows(logits, probs)
 
 
 class RunningNorm:
@@ -459,7 +461,6 @@ class KnockoffExtraction(_LearningAttack):
         self.bandit_batch = _whole("bandit batch", bandit_batch)
         self.online_steps = _whole("online steps", online_steps, 0)
         self.beyond_pool = _choice("beyond_pool", beyond_pool, BEYOND_POOL)
-        self.history: dict[str, list[Any]] = {}
 
     def _cluster(self, pool: Tensor, k: int, seed: int) -> np.ndarray:
         from sklearn.cluster import KMeans
@@ -552,7 +553,6 @@ class KnockoffExtraction(_LearningAttack):
             rewards_seen.extend(total.tolist())
             if self.online_steps:
                 session.thief.step(x, answers, self.online_steps)
-        self.history = {"rewards": rewards_seen, "preferences": preferences.tolist()}
         params.update(
             clusters=k,
             rewards=list(self.rewards),

@@ -41,6 +41,7 @@ __all__ = [
     "Thief",
     "log_ratio_loss",
     "soft_cross_entropy",
+    "soft_cross_entropy_rows",
     "thief_model",
 ]
 
@@ -68,15 +69,20 @@ def log_ratio_loss(logits: Tensor, targets: Tensor, floor: float = 1e-30) -> Ten
     return ((centred - target) ** 2).mean()
 
 
-def soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean over rows of -sum_k y_k log softmax(logits)_k; `targets` are rows of non-negative
-    weights renormalised to sum to 1 (a rounded probability vector may not; an all-zero row
-    counts as uniform). Computed with `log_softmax`: finite for any finite logits."""
+def soft_cross_entropy_rows(logits: Tensor, targets: Tensor) -> Tensor:
+    """Per row, -sum_k y_k log softmax(logits)_k; `targets` are rows of non-negative weights
+    renormalised to sum to 1 (a rounded probability vector may not; an all-zero row counts as
+    uniform). Computed with `log_softmax`: finite for any finite logits."""
     weights = targets.clamp_min(0)
     total = weights.sum(1, keepdim=True)
     uniform = torch.full_like(weights, 1.0 / weights.shape[1])
     weights = torch.where(total > 0, weights / total.clamp_min(1e-12), uniform)
-    return -(weights * F.log_softmax(logits, dim=1)).sum(1).mean()
+    return -(weights * F.log_softmax(logits, dim=1)).sum(1)
+
+
+def soft_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """The mean over rows of `soft_cross_entropy_rows`."""
+    return soft_cross_entropy_rows(logits, targets).mean()
 
 
 class Thief:
