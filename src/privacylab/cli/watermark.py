@@ -99,8 +99,8 @@ def embed_command(
     the unwatermarked model OUT/baseline."""
 
     def run() -> None:
+        from privacylab.byo import recipe_from_options
         from privacylab.defenses.watermark import TRIGGER_KINDS, trigger_copies, watermark_job
-        from privacylab.training.config import TrainConfig
 
         _writable_folder(out)
         if root is not None and not root.is_dir():
@@ -120,14 +120,14 @@ def embed_command(
         options: dict[str, Any] = {}
         if (w := _widths(widths)) is not None:
             options["widths"] = w
-        config = TrainConfig(
+        config = recipe_from_options(
             epochs=epochs,
             batch_size=batch_size,
             lr=lr,
             optimizer=optimizer,
             seed=seed,
             device=device,
-        ).validate()
+        )
         _model_fits(dataset, model, options, root)
         console = _stderr()
 

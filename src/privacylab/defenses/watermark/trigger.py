@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from safetensors.torch import load, save
 from torch import Tensor
 
 from privacylab.defenses.base import DefenseError
+from privacylab.training.checkpoint import write_durably
 
 __all__ = [
     "TRIGGER_FILE",
@@ -213,20 +213,11 @@ def save_trigger_set(trigger: TriggerSet, folder: str | Path) -> Path:
         blob = save(tensors, metadata={"privacylab": TRIGGER_FORMAT})
         spec = {**trigger.spec(), "weights": TRIGGER_FILE}
         spec["sha256"] = hashlib.sha256(blob).hexdigest()
-        _write(folder / TRIGGER_FILE, blob)
-        _write(folder / TRIGGER_SPEC_FILE, (json.dumps(spec, indent=2) + "\n").encode())
+        write_durably(folder / TRIGGER_FILE, blob)
+        write_durably(folder / TRIGGER_SPEC_FILE, (json.dumps(spec, indent=2) + "\n").encode())
     except OSError as error:
         raise WatermarkError(f"cannot save the trigger set to {folder}: {error}") from None
     return folder / TRIGGER_SPEC_FILE
-
-
-def _write(path: Path, blob: bytes) -> None:
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as handle:
-        handle.write(blob)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, path)
 
 
 def has_trigger_set(folder: str | Path) -> bool:
