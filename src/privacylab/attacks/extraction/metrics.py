@@ -17,6 +17,7 @@ neurons carrying a linear part) are counted as "extra".
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -97,7 +98,7 @@ def align_layers(
                 r_in[:, p] = rw[:, q] / c
         r = np.hstack([r_in, rb[:, None]])
         v = np.hstack([vw, vb[:, None]])
-        if j == len(victim) - 1:
+        if last:
             known = ~np.isnan(r[0])
             if r.shape[0] == v.shape[0]:
                 err = np.abs(r[:, known] - v[:, known])
@@ -235,6 +236,4 @@ def exact_report(stolen: Stolen, truth: Truth, n: int = 100_000) -> dict[str, An
 
 def copy_double(model: torch.nn.Module) -> torch.nn.Module:
     """A float64 copy of `model` (the caller's model is left as it is)."""
-    import copy
-
     return copy.deepcopy(model).double().eval()

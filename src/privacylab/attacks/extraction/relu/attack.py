@@ -227,11 +227,9 @@ class _Run:
         depth = 1
         while depth <= self.attack.max_depth:
             rows, boundary, unexplained = self.search_layer(depth)
-            previous_boundary = self.boundary
-            if rows:
-                self.boundary = boundary
             if not rows:
                 break
+            previous_boundary, self.boundary = self.boundary, boundary
             w = np.stack([row[:-1] for row in rows])
             b = np.array([row[-1] for row in rows])
             missing = np.isnan(w)

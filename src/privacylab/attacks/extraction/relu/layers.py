@@ -105,20 +105,26 @@ def _parallel(a: np.ndarray, b: np.ndarray, min_overlap: int, tol: float) -> flo
     return float(x @ y) / float(y @ y)
 
 
+def _absorb(into: Cluster, row: np.ndarray, points: list[np.ndarray], tol: float) -> bool:
+    """Fill `into`'s unknown coordinates from `row` (rescaled) and take `points`, if the two
+    rows agree on at least min(3, length) common coordinates."""
+    scale = _parallel(into.row, row, min(3, row.shape[0]), tol)
+    if scale is None:
+        return False
+    fill = np.isnan(into.row) & ~np.isnan(row)
+    into.row[fill] = scale * row[fill]
+    into.points.extend(points)
+    return True
+
+
 def add_to_clusters(
     clusters: list[Cluster], row: np.ndarray, point: np.ndarray, tol: float = 1e-8
 ) -> None:
     """Merge `row` into the first cluster it agrees with (Carlini et al. Sec. 4.4, merging
     partial rows by their overlap), or start a new one."""
-    min_overlap = min(3, row.shape[0])
     for cluster in clusters:
-        scale = _parallel(cluster.row, row, min_overlap, tol)
-        if scale is None:
-            continue
-        fill = np.isnan(cluster.row) & ~np.isnan(row)
-        cluster.row[fill] = scale * row[fill]
-        cluster.points.append(point)
-        return
+        if _absorb(cluster, row, [point], tol):
+            return
     clusters.append(Cluster(row.copy(), [point]))
 
 
@@ -127,11 +133,7 @@ def merge_clusters(clusters: list[Cluster], tol: float = 1e-8) -> list[Cluster]:
     merged: list[Cluster] = []
     for cluster in sorted(clusters, key=lambda c: -int((~np.isnan(c.row)).sum())):
         for into in merged:
-            scale = _parallel(into.row, cluster.row, min(3, cluster.row.shape[0]), tol)
-            if scale is not None:
-                fill = np.isnan(into.row) & ~np.isnan(cluster.row)
-                into.row[fill] = scale * cluster.row[fill]
-                into.points.extend(cluster.points)
+            if _absorb(into, cluster.row, cluster.points, tol):
                 break
         else:
             merged.append(Cluster(cluster.row.copy(), list(cluster.points)))

@@ -92,10 +92,14 @@ def last_layer_fit(
     return flips, coef[:n].T.copy(), coef[n : n + m].T.copy(), coef[-1].copy(), residual
 
 
-def _layer_gradients(net: Network, depth: int, w: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Input gradients of the layer-`depth` pre-activations (rows w) at x."""
+def _layer_gradients(
+    net: Network, depth: int, w: np.ndarray, i: int, x: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Input gradients of the layer-`depth` pre-activations (rows w) at x: neuron i's and
+    the others'."""
     _, jac = net.jacobian(x, depth - 1)
-    return w @ jac
+    grads = w @ jac
+    return grads[i], np.delete(grads, i, axis=0)
 
 
 def freeze_sign(
@@ -110,9 +114,7 @@ def freeze_sign(
 ) -> bool | None:
     """At x on neuron i's boundary: True if its row's sign is right, False if it must flip,
     None when the test cannot tell (gradient in the others' span, or no visible change)."""
-    grads = _layer_gradients(net, depth, w, x)
-    gi = grads[i]
-    others = np.delete(grads, i, axis=0)
+    gi, others = _layer_gradients(net, depth, w, i, x)
     others = others[np.linalg.norm(others, axis=1) > 0]
     if len(others):
         coef, *_ = np.linalg.lstsq(others.T, gi, rcond=None)
@@ -141,9 +143,7 @@ def wiggle_sign(
 ) -> float:
     """The neuron wiggle at x on neuron i's boundary: a vote in [-1, 1] (positive: the row's
     sign is right), weighted by how lopsided the output change is."""
-    grads = _layer_gradients(net, depth, w, x)
-    gi = grads[i]
-    others = np.delete(grads, i, axis=0)
+    gi, others = _layer_gradients(net, depth, w, i, x)
     gram = others.T @ others
     gram += (1e-6 * np.trace(gram) / max(gram.shape[0], 1) + 1e-12) * np.eye(gram.shape[0])
     delta = np.linalg.solve(gram, gi)
