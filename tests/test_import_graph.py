@@ -35,23 +35,27 @@ LAYERS: dict[str, int] = {
     # 4: what is trained and what an attacker may touch
     "target": 4,
     "training": 4,
-    # 5: the families that use them
-    "attacks": 5,
-    "audit": 5,
-    "defenses": 5,
-    "report": 5,
-    # 6: the main job; 7: bring-your-own-model entry points built on it
-    "experiment": 6,
-    "defend": 6,
-    "extract": 6,
-    "byo": 7,
-    # 8: the command line; 9: `python -m privacylab`
-    "cli": 8,
-    "__main__": 9,
+    # 5: federated learning, simulated (clients train, the server observes updates)
+    "federated": 5,
+    # 6: the families that use them
+    "attacks": 6,
+    "audit": 6,
+    "defenses": 6,
+    "report": 6,
+    # 7: the main job; 8: bring-your-own-model entry points built on it
+    "experiment": 7,
+    "defend": 7,
+    "extract": 7,
+    "reconstruct": 7,
+    "byo": 8,
+    # 9: the command line; 10: `python -m privacylab`
+    "cli": 9,
+    "__main__": 10,
 }
 """The allowed direction, bottom to top:
 errors <- registry, stats <- accounting <- mechanisms/data/models/execution <- target/training
-<- attacks/audit/defenses/report <- experiment/defend/extract <- byo <- cli <- __main__."""
+<- federated <- attacks/audit/defenses/report <- experiment/defend/extract/reconstruct <- byo
+<- cli <- __main__."""
 
 SAME_LAYER: dict[tuple[str, str], str] = {
     ("experiment", "defend"): "the main job's defence section is the defend job on its targets",

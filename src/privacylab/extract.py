@@ -379,7 +379,7 @@ def _deploy(
     access, digits = parse_output(output)
     if access is None:
         access = needs if needs.rank > Access.SCORES.rank else Access.SCORES
-    if access is Access.WHITEBOX:
+    if access.allows(Access.WHITEBOX):
         raise ExtractionError(f"{method} needs white-box access; extraction serves at most logits")
     precision = "float64" if (cls.needs_float64 or cls.exact) else "float32"
     root = Target(

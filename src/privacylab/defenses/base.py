@@ -254,7 +254,7 @@ class OutputDefense(Defense):
         or logits (a white-box attacker reads the model itself, a label-only one never sees
         the vectors)."""
         access = Access.parse(access)
-        if access is Access.WHITEBOX:
+        if access.allows(Access.WHITEBOX):
             raise DefenseError(
                 f"{self.label} post-processes outputs; it cannot defend a target served at "
                 "white-box access (the attacker reads the model itself)"

@@ -9,16 +9,20 @@ from privacylab.errors import PrivacylabError
 
 class Access(str, Enum):
     """What a query returns, from least to most: the predicted label; the probability vector
-    (softmax scores); the logits; the model itself (white-box: weights, gradients)."""
+    (softmax scores); the logits; the model itself (white-box: weights, gradients); the model
+    and the updates its clients send back (`updates`: the honest-but-curious federated server
+    of Zhu et al. 2019 and Geiping et al. 2020, who sent the model and observes each client's
+    gradient or weight change, or with secure aggregation only their sum)."""
 
     LABEL = "label"
     SCORES = "scores"
     LOGITS = "logits"
     WHITEBOX = "white-box"
+    UPDATES = "updates"
 
     @property
     def rank(self) -> int:
-        """Position in the order label < scores < logits < white-box."""
+        """Position in the order label < scores < logits < white-box < updates."""
         return list(Access).index(self)
 
     def allows(self, needed: Access) -> bool:

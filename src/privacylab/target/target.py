@@ -25,6 +25,11 @@ of the model (the caller's model is not converted) on float64 inputs and returns
 outputs, as the cryptanalytic extraction of Carlini et al. 2020 assumes of the API. The default
 "float32" returns float32 outputs.
 
+Updates. A target at `updates` access also carries what a federated server observed
+(`updates`, a sequence of `privacylab.federated.ObservedUpdate`: the parameters it sent, what
+came back, the protocol): `target.updates` needs that access, and any narrower view hides them.
+Reading them is not a query; the forward passes an attack then runs through `model` are.
+
 Outputs. With `outputs="logits"` (default) the model returns logits and the target applies
 softmax; on the first query the target checks that they are not already probability vectors
 (a model ending in `nn.Softmax` would otherwise be softmaxed twice). With
@@ -36,9 +41,9 @@ probabilities back). Every batch is checked to have shape (n, num_classes) and f
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -74,7 +79,8 @@ class Target:
     `output_defense` post-processes probability vectors; `query_monitor` sees every query batch
     and may raise to refuse it; `outputs` says whether the model returns logits or
     probabilities; `batch_size` bounds the size of one forward pass; `device` is where the
-    model runs; `precision` ("float32" or "float64") is the dtype of its answers.
+    model runs; `precision` ("float32" or "float64") is the dtype of its answers; `updates`
+    are the client updates a federated server observed (`updates` access only).
     """
 
     def __init__(
@@ -90,8 +96,13 @@ class Target:
         device: str | torch.device = "cpu",
         batch_size: int = 4096,
         precision: Precision = "float32",
+        updates: Sequence[Any] | None = None,
     ) -> None:
         self.access = Access.parse(access)
+        if updates is not None and self.access is not Access.UPDATES:
+            raise AccessError(
+                f"observed updates need a target at updates access, not {self.access.value}"
+            )
         if precision not in ("float32", "float64"):
             raise TargetError(f'precision must be "float32" or "float64", got {precision!r}')
         if query_budget is not None and (isinstance(query_budget, bool) or query_budget < 0):
@@ -115,6 +126,14 @@ class Target:
         self._queries = 0
         self._own_budget: int | None = None
         self._own_monitor: QueryMonitor | None = None
+        self._updates: tuple[Any, ...] = tuple(updates or ())
+
+    @property
+    def updates(self) -> tuple[Any, ...]:
+        """The client updates the server observed (`privacylab.federated.ObservedUpdate`), in
+        the order it received them; needs updates access (AccessError), not counted as queries."""
+        self.require(Access.UPDATES)
+        return self._updates
 
     @property
     def query_budget(self) -> int | None:
@@ -178,7 +197,7 @@ class Target:
         any output defence this target already has), served at `serves` or at this target's
         own level if lower. White-box targets cannot be defended this way (AccessError): the
         attacker would read the model itself."""
-        if self.access is Access.WHITEBOX:
+        if self.access.allows(Access.WHITEBOX):
             raise AccessError(
                 "an output defence cannot defend a white-box target: narrow it to scores first"
             )
