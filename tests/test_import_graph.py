@@ -47,6 +47,8 @@ LAYERS: dict[str, int] = {
     "defend": 7,
     "extract": 7,
     "reconstruct": 7,
+    "invert": 7,
+    "infer_property": 7,
     "byo": 8,
     # 9: the command line; 10: `python -m privacylab`
     "cli": 9,

@@ -5,7 +5,19 @@ Every command prints its result on stdout (one JSON object with
 `error: ...` line on stderr.
 """
 
-from privacylab.cli import account, attack, audit, defend, extraction, run, train, watermark  # noqa: F401  (register commands)
+from privacylab.cli import (  # noqa: F401  (register commands)
+    account,
+    attack,
+    audit,
+    defend,
+    extraction,
+    gradients,
+    model_inversion,
+    property_inference,
+    run,
+    train,
+    watermark,
+)
 from privacylab.cli._common import BAD_INPUT, app
 
 __all__ = ["BAD_INPUT", "app"]

@@ -1,0 +1,1 @@
+"""`privacylab attack gradients` (being written)."""

@@ -1,0 +1,1 @@
+"""`privacylab attack model inversion` (being written)."""

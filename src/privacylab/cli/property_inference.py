@@ -1,0 +1,1 @@
+"""`privacylab attack property` (being written)."""
