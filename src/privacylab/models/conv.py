@@ -65,13 +65,21 @@ def cnn(
 
 
 @register_model("lenet")
-def lenet(input_shape: tuple[int, ...], num_classes: int, activation: str = "sigmoid") -> nn.Module:
+def lenet(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    activation: str = "sigmoid",
+    init: str = "default",
+) -> nn.Module:
     """The LeNet of Zhu, Liu & Han 2019 ("Deep Leakage from Gradients", their released code):
 
     three 5x5 convolutions with 12 channels, strides 2, 2, 1 and padding 2, each followed by a
     sigmoid, then one Linear layer to the logits. Sigmoid keeps the network twice differentiable,
-    which gradient-matching attacks need.
+    which gradient-matching attacks need. `init="uniform"` draws every weight and bias from
+    U(-0.5, 0.5), the initialisation of the DLG experiments; "default" is PyTorch's.
     """
+    if init not in ("default", "uniform"):
+        raise ModelError(f'lenet: init must be "default" or "uniform", got {init!r}')
     channels, _, _ = _checks.image_shape(input_shape, "lenet")
     act = _checks.activation_type(activation, "lenet")
     features = nn.Sequential(
@@ -84,4 +92,8 @@ def lenet(input_shape: tuple[int, ...], num_classes: int, activation: str = "sig
         nn.Flatten(),
     )
     flat = _checks.flat_size(features, input_shape, "lenet")
-    return nn.Sequential(*features, nn.Linear(flat, num_classes))
+    model = nn.Sequential(*features, nn.Linear(flat, num_classes))
+    if init == "uniform":
+        for param in model.parameters():
+            nn.init.uniform_(param, -0.5, 0.5)
+    return model
