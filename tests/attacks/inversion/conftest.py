@@ -2,8 +2,9 @@
 and the honest-but-curious server's view of one client update (a `Target` at updates access,
 the `GradientTask` and the evaluator's `GradientTruth`).
 
-Stable names (other test files rely on them): `digits`, `lenet`, `mlp_relu`, `pick`,
-`observe_update`, `make_case`, `Case`.
+Stable fixtures (other test files rely on them; test modules here are not a package, so use
+the fixtures, not imports of this file): `digits`, `pick`, `lenet`, `mlp_relu`, `observe`
+(= `observe_update`), `make_case` (returns a `Case`).
 """
 
 from __future__ import annotations
@@ -121,6 +122,13 @@ def lenet() -> nn.Module:
 def mlp_relu() -> nn.Module:
     """A ReLU MLP 64-32-10, seed 0 (first layer fully connected with a bias)."""
     return build_model("mlp", INPUT_SHAPE, NUM_CLASSES, widths=(32,), seed=0)
+
+
+@pytest.fixture
+def observe() -> Callable[..., ObservedUpdate]:
+    """`observe(model, x, y, training=None, *, noise=0.0, seed=0)`: the client's update as
+    the server receives it (`observe_update`)."""
+    return observe_update
 
 
 @pytest.fixture
