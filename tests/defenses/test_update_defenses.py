@@ -138,6 +138,9 @@ def test_int8_error_is_at_most_half_a_step_on_255_levels() -> None:
             torch.testing.assert_close(out[key], levels * scale)
             assert int(levels.abs().max()) == 127 and len(torch.unique(levels)) <= 255
     assert torch.equal(out["zero"], torch.zeros(5))
+    wild = defense.apply({"w": torch.tensor([1.27, -0.5, float("inf"), float("nan")])}, _gen())
+    torch.testing.assert_close(wild["w"][:3], torch.tensor([1.27, -0.5, 1.27]))
+    assert torch.isnan(wild["w"][3])
 
 
 def test_output_defences_leave_training_alone_and_dp_leaves_the_update_alone() -> None:

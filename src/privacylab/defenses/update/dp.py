@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from privacylab.accounting import calibrate_noise_multiplier, dp_sgd, make_accountant
+from privacylab.accounting import calibrate_noise_multiplier
+from privacylab.accounting.calibration import dp_sgd_epsilon
 from privacylab.defenses.base import DefenseError, Parameter
 from privacylab.defenses.update.base import UpdateDefense, register_update_defense
 from privacylab.errors import PrivacylabError
@@ -91,10 +92,13 @@ class LocalDPSGD(UpdateDefense):
 
     def epsilon_spent(self, noise_multiplier: float, steps: int) -> float:
         """ε of `steps` unsampled Gaussian mechanisms of multiplier σ at this δ (the
-        accountant's `compose(dp_sgd(σ, 1.0, steps)).epsilon(δ)`)."""
-        accountant = make_accountant(self.params["accountant"])
-        accountant.compose(dp_sgd(noise_multiplier, 1.0, steps))
-        return float(accountant.epsilon(self.params["delta"]))
+        accountant's `compose(dp_sgd(σ, 1.0, steps)).epsilon(δ)`, memoised: every client
+        asks in every round)."""
+        return float(
+            dp_sgd_epsilon(
+                noise_multiplier, 1.0, steps, self.params["delta"], self.params["accountant"]
+            )
+        )
 
     def local_privacy(self, *, training: LocalTraining, examples: int, rounds: int) -> LocalPrivacy:
         """`LocalPrivacy(clip, σ)` for a client with `examples` rows taking part in up to

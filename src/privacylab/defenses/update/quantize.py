@@ -38,10 +38,10 @@ class Int8Update(UpdateDefense):
     paper = "Zhu et al. 2019, Deep Leakage from Gradients, Sec. 5; Jacob et al. 2018, Sec. 2.1"
 
     def transform(self, tensor: Tensor, generator: torch.Generator) -> Tensor:
-        """round(v / s) · s with s = max|v| / 127 (all zeros stay zeros)."""
-        if tensor.numel() == 0:
-            return tensor.clone()
-        scale = tensor.abs().max() / 127.0
-        if not bool(scale > 0):
-            return torch.zeros_like(tensor)
+        """clamp(round(v / s), -127, 127) · s with s = max|v| / 127 over the finite entries
+        (±inf saturates at ±127 s, NaN stays NaN; an all-zero tensor stays zero)."""
+        finite = tensor[torch.isfinite(tensor)]
+        scale = finite.abs().max() / 127.0 if finite.numel() else None
+        if scale is None or not bool(scale > 0):
+            return torch.where(torch.isnan(tensor), tensor, torch.zeros_like(tensor))
         return torch.clamp(torch.round(tensor / scale), -127, 127) * scale
