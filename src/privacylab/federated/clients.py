@@ -1,0 +1,253 @@
+"""The clients of a simulated federation and the one-call attack scenario.
+
+A client's work in one round is one picklable function of (model, parameters sent, its rows,
+local procedure, update defence, seed): `run_client`. It runs `local_update` (McMahan et al.
+2017, "Communication-Efficient Learning of Deep Networks from Decentralized Data", Alg. 1,
+ClientUpdate; DP-SGD inside it when the defence asks for local privacy) and then the defence's
+transformation of the update, with all randomness drawn from a generator seeded by
+(seed, round, client): the same update in this process, a worker process or a Ray task, and
+after a resume. `observe` is the scenario of gradient-inversion attacks (Zhu et al. 2019,
+Alg. 1; Geiping et al. 2020, Sec. 5) in one call: clients compute their updates from the
+model as it is, and the server's observation comes back.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from privacylab.execution.executor import torch_threads
+from privacylab.federated.local import local_update
+from privacylab.federated.protocol import (
+    ClientDefense,
+    FederatedError,
+    LocalTraining,
+    ObservedUpdate,
+)
+
+__all__ = [
+    "ClientResult",
+    "ClientTask",
+    "client_generator",
+    "observe",
+    "run_client",
+    "split_evenly",
+    "stream_seed",
+    "weighted_mean",
+]
+
+SPLIT_STREAM = 0
+SELECTION_STREAM = 1
+CLIENT_STREAM = 2
+
+
+def stream_seed(seed: int, stream: int, *parts: int) -> int:
+    """A 63-bit seed for one random stream (the row split, a round's client selection, one
+    client's round), derived from the federation's `seed` with numpy's `SeedSequence`, so
+    streams never share draws and each can be rebuilt alone (resume after a kill)."""
+    sequence = np.random.SeedSequence([int(seed), int(stream), *(int(p) for p in parts)])
+    return int(sequence.generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def client_generator(
+    seed: int, round: int, client: int, device: str | torch.device = "cpu"
+) -> torch.Generator:
+    """The generator of `client`'s randomness in `round` (DP-SGD noise, the update defence)."""
+    generator = torch.Generator(device=torch.device(device))
+    generator.manual_seed(stream_seed(seed, CLIENT_STREAM, round, client))
+    return generator
+
+
+def split_evenly(n: int, parts: int) -> list[np.ndarray]:
+    """Row indices 0..n-1 cut in order into `parts` runs whose sizes differ by at most one."""
+    return [np.asarray(a, dtype=np.int64) for a in np.array_split(np.arange(n), parts)]
+
+
+def weighted_mean(
+    updates: Sequence[Mapping[str, Tensor]], weights: Sequence[int]
+) -> dict[str, Tensor]:
+    """sum_c (n_c / N) u_c with N = sum_c n_c (McMahan et al. 2017, Alg. 1: the server's
+    example-weighted average), summed in client order so the result is reproducible."""
+    total = float(sum(weights))
+    mean: dict[str, Tensor] = {}
+    for name in updates[0]:
+        acc = torch.zeros_like(updates[0][name])
+        for update, n in zip(updates, weights, strict=True):
+            acc = acc + update[name] * (float(n) / total)
+        mean[name] = acc
+    return mean
+
+
+@dataclass
+class ClientTask:
+    """One client's work in one round; picklable (sent to `LocalExecutor` or Ray workers).
+
+    `state`: the parameters the server sent. `x`, `y`: the client's rows. `rounds`: the
+    federation's total rounds, over which a DP defence spreads its budget. `device`: where the
+    client computes; `to_cpu`: send the update back on the CPU (for another process)."""
+
+    model: nn.Module
+    state: dict[str, Tensor]
+    x: Tensor
+    y: Tensor
+    training: LocalTraining
+    defense: ClientDefense | None
+    seed: int
+    round: int
+    client: int
+    rounds: int
+    device: str = "cpu"
+    to_cpu: bool = False
+
+
+@dataclass
+class ClientResult:
+    """What one client sends back: its (defended) update and its number of rows."""
+
+    client: int
+    update: dict[str, Tensor]
+    num_examples: int
+
+
+def run_client(task: ClientTask) -> ClientResult:
+    """Run one client's round: local training from `task.state` on its rows (with the
+    defence's local DP-SGD, if any), then the defence's transformation of the update; every
+    random draw comes from `client_generator(seed, round, client)`. On the CPU it runs on one
+    thread, as in a `LocalExecutor` worker, so that every executor gives the same bits."""
+    device = torch.device(task.device)
+    model = task.model.to(device)
+    state = {k: v.to(device) for k, v in task.state.items()}
+    x, y = task.x.to(device), task.y.to(device)
+    n = int(x.shape[0])
+    generator = client_generator(task.seed, task.round, task.client, device)
+    privacy = None
+    if task.defense is not None:
+        privacy = task.defense.local_privacy(training=task.training, examples=n, rounds=task.rounds)
+    threads = torch_threads(1) if device.type == "cpu" else nullcontext()
+    with threads:
+        update = local_update(
+            model, state, x, y, task.training, privacy=privacy, generator=generator
+        )
+        update = {k: v.detach() for k, v in update.items()}
+        if task.defense is not None:
+            update = {k: v.detach() for k, v in task.defense.apply(update, generator).items()}
+    if task.to_cpu:
+        update = {k: v.cpu() for k, v in update.items()}
+    return ClientResult(task.client, update, n)
+
+
+def _check_rows(x: Tensor, y: Tensor) -> None:
+    if not isinstance(x, Tensor) or not isinstance(y, Tensor):
+        raise FederatedError("x and y must be torch tensors")
+    if x.ndim < 2 or int(x.shape[0]) < 1:
+        raise FederatedError(f"x must hold n >= 1 rows of features, got shape {tuple(x.shape)}")
+    if int(y.shape[0]) != int(x.shape[0]):
+        raise FederatedError(f"x has {int(x.shape[0])} rows but y has {int(y.shape[0])}")
+    if not torch.is_floating_point(x) or not bool(torch.isfinite(x).all()):
+        raise FederatedError("x must be finite floating-point features")
+
+
+def _check_whole(name: str, value: object, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise FederatedError(f"{name} must be a whole number >= {low}, got {value!r}")
+    return value
+
+
+def observe(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    training: LocalTraining | None = None,
+    defense: ClientDefense | None = None,
+    clients: int = 1,
+    secure_aggregation: bool = False,
+    seed: int = 0,
+    rounds: int = 1,
+) -> list[ObservedUpdate]:
+    """What an honest-but-curious server observes in one round (round 1) in which `clients`
+    clients, holding (`x`, `y`) cut in order into runs of near-equal size, each compute their
+    update from `model`'s current parameters with `training` (Zhu et al. 2019, Alg. 1: FedSGD,
+    one gradient; Geiping et al. 2020, Sec. 5: FedAvg's local steps) and apply `defense`.
+    Returns one `ObservedUpdate` per client, or with `secure_aggregation` (Bonawitz et al.
+    2017) only their example-weighted mean. `rounds` is the number of rounds of the whole
+    federation, over which a DP defence spreads its privacy budget. `model` is not changed."""
+    training = LocalTraining() if training is None else training
+    if not isinstance(training, LocalTraining):
+        raise FederatedError(f"training must be a LocalTraining, got {type(training).__name__}")
+    _check_rows(x, y)
+    clients = _check_whole("clients", clients)
+    rounds = _check_whole("rounds", rounds)
+    seed = _check_whole("seed", seed, 0)
+    if clients > int(x.shape[0]):
+        raise FederatedError(f"{clients} clients need at least {clients} rows, got {len(x)}")
+    parameters = list(model.named_parameters())
+    if not parameters:
+        raise FederatedError("the model has no parameters to train")
+    device = parameters[0][1].device
+    state = {k: v.detach().clone() for k, v in parameters}
+    results = [
+        run_client(
+            ClientTask(
+                model, state, x[rows], y[rows], training, defense, seed, 1, c, rounds, str(device)
+            )
+        )
+        for c, rows in enumerate(split_evenly(int(x.shape[0]), clients))
+    ]
+    return server_view(results, state, 1, training, defense, secure_aggregation)
+
+
+def server_view(
+    results: Sequence[ClientResult],
+    state: dict[str, Tensor],
+    round: int,
+    training: LocalTraining,
+    defense: ClientDefense | None,
+    secure_aggregation: bool,
+) -> list[ObservedUpdate]:
+    """The server's observation of one round from the clients' results (in client order): one
+    `ObservedUpdate` per client, or with secure aggregation one aggregate whose update is the
+    example-weighted mean and whose `num_examples` is the total (Bonawitz et al. 2017: the sum
+    is all the server learns). The per-client updates are not kept in the aggregate."""
+    spec = None if defense is None else defense.spec
+    if secure_aggregation:
+        weights = [r.num_examples for r in results]
+        return [
+            ObservedUpdate(
+                round=round,
+                clients=tuple(r.client for r in results),
+                state=state,
+                update=weighted_mean([r.update for r in results], weights),
+                num_examples=sum(weights),
+                training=training,
+                aggregated=True,
+                defense=spec,
+            )
+        ]
+    return [
+        ObservedUpdate(
+            round=round,
+            clients=(r.client,),
+            state=state,
+            update=r.update,
+            num_examples=r.num_examples,
+            training=training,
+            defense=spec,
+        )
+        for r in results
+    ]
+
+
+def finite_positive(name: str, value: object) -> float:
+    """`value` as a float if it is a finite number > 0, else FederatedError (one line)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise FederatedError(f"{name} must be a finite number > 0, got {value!r}")
+    if value <= 0:
+        raise FederatedError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
