@@ -9,11 +9,15 @@ Accounting. σ is calibrated so that each client's data is (ε, δ)-DP over *all
 participations (add/remove-one-example adjacency). A client passes over its rows in fixed,
 disjoint local batches (no Poisson sampling), so in each local epoch every example enters
 exactly one noisy sum, once, with sensitivity C: one Gaussian mechanism of noise multiplier σ
-per epoch, composed adaptively over `training.epochs * rounds` epochs — the event
+per epoch, composed adaptively over `training.epochs * rounds` epochs. This is exact when the
+client's rows form one local batch (FedSGD; FedAvg with `batch_size=None`); with several local
+batches cut by row position it takes the other rows' batches as fixed, the usual convention
+for DP-SGD over fixed batches (adding a row shifts the later rows' batches). The event is
 `dp_sgd(σ, sample_rate=1.0, steps=epochs * rounds)`. There is NO amplification by sampling
 (neither by local batches nor by the server picking a subset of clients per round: a client is
-charged for every round, whether it took part or not), so this is an upper bound; the local
-batch size divides a noisy sum and is public. σ comes from
+charged for every round, whether it took part or not), so this is an upper bound. The
+client's row count (the divisor of each noisy sum; the server is told it anyway, FedAvg weights
+by it) is taken as public, as the lot size is in Abadi et al. σ comes from
 `calibrate_noise_multiplier(ε, δ, 1.0, steps, accountant)` (PLD by default, Koskela et al.
 2020 / Google's dp_accounting: tight for composed Gaussians), the smallest σ whose ε does not
 exceed the target.
