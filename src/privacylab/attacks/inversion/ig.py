@@ -264,7 +264,16 @@ class InvertingGradients(GradientAttack):
         for step in range(self.iterations):
             if step in pictures:
                 snapshots.append((step, x.detach().cpu().clone()))
-            distance = gradient_loss(x)
+            try:
+                distance = gradient_loss(x)
+            except RuntimeError as error:
+                if step:
+                    raise
+                first = str(error).strip().splitlines()[0] if str(error).strip() else "failed"
+                raise InversionError(
+                    f"ig: the model cannot replay the update on inputs of shape "
+                    f"{tuple(x.shape)}: {first}"
+                ) from None
             objective = distance + tv * total_variation(x) if tv > 0 else distance
             (grad,) = torch.autograd.grad(objective, x)
             x.grad = grad.sign() if self.signed else grad
