@@ -109,6 +109,9 @@ class Property:
         """The property's measured value on a training set's labels (None when it has none)."""
         return None
 
+    def check(self, num_classes: int) -> None:
+        """InversionError when the property cannot hold for a dataset of `num_classes`."""
+
 
 PROPERTIES: Registry[Callable[..., Property]] = Registry("property", error=InversionError)
 """Property builders by name: `builder(*fields)` from the spec's ':'-separated fields."""
@@ -160,6 +163,13 @@ class ClassShare(Property):
             [rng.choice(inside, k, replace=False), rng.choice(outside, size - k, replace=False)]
         )
         return rng.permutation(rows)
+
+    def check(self, num_classes: int) -> None:
+        """Class C must be one of the dataset's classes."""
+        if self.cls >= num_classes:
+            raise InversionError(
+                f"{self.spec}: the dataset has classes 0..{num_classes - 1}, not {self.cls}"
+            )
 
     def share(self, labels: np.ndarray) -> float | None:
         """The measured share of class C."""

@@ -1,0 +1,225 @@
+"""The property-inference section: how well a meta-classifier trained on shadow models tells
+which world (without / with the property) each evaluation target's training set came from
+(Ganju et al. 2018, Sec. 5 report the meta-classifier's accuracy; we add its AUC, the chance
+level, a Clopper-Pearson interval and a binomial p-value against chance).
+
+Its page anchor is `#property-inference`. Renders ``payload["property_inference"]`` (what
+`privacylab attack property` writes): the facts (property, dataset, model, shadows, pools),
+one row per attack (`attacks`: `PropertyResult.to_dict()`), and the score figure
+(`images.scores`, made by `property_scores_figure`): every target's predicted probability of
+world 1, by true world, one row of points per attack.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from privacylab.report._format import MISSING, e, figure, fmt, fmt_int, mappings, number
+from privacylab.report.plots import COLORS, FONT_PT, _to_png
+from privacylab.report.sections import register_section
+
+__all__ = ["COLUMNS", "PropertySection", "property_scores_figure", "property_scores_plot"]
+
+COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("method", "method", "the property-inference attack"),
+    ("access", "access", "what the attack read of each target"),
+    ("accuracy", "accuracy", "share of targets whose world was guessed right (threshold 0.5)"),
+    ("accuracy_interval", "95% interval", "Clopper-Pearson interval of the accuracy"),
+    ("auc", "AUC", "area under the ROC curve of the scores against the true worlds"),
+    ("chance", "chance", "accuracy of always guessing the commoner world"),
+    ("p_value", "p (vs chance)", "two-sided binomial test of the correct count against chance"),
+    ("targets", "targets", "evaluation targets (half per world)"),
+    ("queries", "queries", "queries sent to all targets (white-box reads none)"),
+    ("meta_train_accuracy", "meta train acc.", "the meta-classifier's accuracy on its shadows"),
+    ("seconds", "seconds", "meta-classifier fit plus scoring"),
+)
+"""(key, header, tooltip) of the table."""
+
+_TEXT = {"method", "access", "accuracy_interval"}
+
+WORLD_STYLE = ((COLORS[0], "o", "world 0 (without)"), (COLORS[1], "^", "world 1 (with)"))
+
+READING_GUIDE = (
+    "Each point is one evaluation target: the meta-classifier's probability that its training "
+    "set has the property (world 1), placed by its true world. A working attack puts the "
+    "world-1 targets (triangles) right of 0.5 and the world-0 targets (circles) left of it; on a "
+    "property the training data does not vary in, both mix around the middle and accuracy "
+    "stays within its binomial interval around chance."
+)
+
+
+def property_scores_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
+    """One row of points per attack: each target's score (probability of world 1) by its
+    true world, the 0.5 threshold dashed; the label names accuracy and AUC."""
+    rows = [r for r in rows if isinstance(r.get("scores"), list)]
+    height = 1.2 + 0.7 * max(1, len(rows))
+    fig = Figure(figsize=(7.6, height))
+    ax = fig.add_subplot(1, 1, 1)
+    rng = np.random.default_rng(0)
+    labels = []
+    for i, row in enumerate(rows):
+        scores = np.asarray([number(s) for s in row["scores"]], dtype=float)
+        worlds = np.asarray(row.get("worlds") or [0] * len(scores), dtype=int)
+        for world, (color, marker, name) in enumerate(WORLD_STYLE):
+            chosen = worlds == world
+            offset = (world - 0.5) * 0.3 + rng.uniform(-0.08, 0.08, int(chosen.sum()))
+            ax.scatter(
+                scores[chosen],
+                i + offset,
+                s=28,
+                marker=marker,
+                facecolors="none" if world == 0 else color,
+                edgecolors=color,
+                label=name if i == 0 else None,
+            )
+        labels.append(
+            f"{row.get('method', '?')}\nacc {fmt(row.get('accuracy'), 2)}, "
+            f"AUC {fmt(row.get('auc'), 2)}"
+        )
+    ax.axvline(0.5, color="#7f7f7f", linestyle="--", linewidth=1)
+    ax.set_xlim(-0.03, 1.03)
+    ax.set_ylim(max(1, len(rows)) - 0.4, -0.6)
+    ax.set_yticks(range(len(rows)), labels, fontsize=FONT_PT)
+    ax.set_xlabel("predicted probability of world 1 (the property holds)", fontsize=FONT_PT)
+    ax.tick_params(labelsize=FONT_PT)
+    ax.grid(axis="x", alpha=0.3)
+    if rows:
+        ax.legend(fontsize=FONT_PT, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+    return fig
+
+
+def property_scores_figure(rows: Sequence[Mapping[str, Any]]) -> bytes:
+    """`property_scores_plot` as PNG bytes."""
+    return _to_png(property_scores_plot(rows))
+
+
+def _block(payload: Mapping[str, Any]) -> Mapping[str, Any]:
+    block = payload.get("property_inference")
+    return block if isinstance(block, Mapping) else {}
+
+
+def _value(row: Mapping[str, Any], key: str) -> Any:
+    if key == "meta_train_accuracy":
+        params = row.get("params")
+        return params.get(key) if isinstance(params, Mapping) else None
+    return row.get(key)
+
+
+def _cell(key: str, value: Any) -> str:
+    if key in _TEXT:
+        if key == "accuracy_interval" and isinstance(value, list) and len(value) == 2:
+            text = f"[{fmt(value[0], 2)}, {fmt(value[1], 2)}]"
+        else:
+            text = MISSING if value in (None, "") else str(value)
+        return f'<td class="text" data-sort="{e(text)}">{e(text)}</td>'
+    x = number(value)
+    sort = repr(x) if x is not None and not math.isinf(x) else "-Infinity"
+    if key in ("targets", "queries"):
+        text = fmt_int(value)
+    elif key == "p_value":
+        text = MISSING if x is None else f"{x:.2g}"
+    elif key == "seconds":
+        text = fmt(value, 2)
+    else:
+        text = fmt(value)
+    return f'<td data-sort="{e(sort)}">{e(text)}</td>'
+
+
+def _table(rows: Sequence[Mapping[str, Any]]) -> str:
+    head = "".join(
+        f'<th class="{"text" if k in _TEXT else "num"}" title="{e(tip)}" scope="col">{e(h)}</th>'
+        for k, h, tip in COLUMNS
+    )
+    body = [
+        "<tr>" + "".join(_cell(k, _value(row, k)) for k, _, _ in COLUMNS) + "</tr>" for row in rows
+    ]
+    if not body:
+        body.append(f'<tr><td colspan="{len(COLUMNS)}">no attack</td></tr>')
+    return (
+        f'<table class="sortable property-runs">\n<thead><tr>{head}</tr></thead>\n'
+        "<tbody>\n" + "\n".join(body) + "\n</tbody>\n</table>"
+    )
+
+
+def _facts(block: Mapping[str, Any]) -> str:
+    parts = [
+        f"dataset: {block.get('dataset')}" if block.get("dataset") else None,
+        f"model: {block.get('model')}" if block.get("model") else None,
+        f"{fmt_int(block.get('parameters'))} parameters" if block.get("parameters") else None,
+        f"{fmt_int(block.get('shadows_per_world'))} shadows per world"
+        if block.get("shadows_per_world") is not None
+        else None,
+        f"training sets of {fmt_int(block.get('train_size'))} rows"
+        if block.get("train_size") is not None
+        else None,
+        f"attacker's pool: {fmt_int(block.get('attacker_pool'))} rows"
+        if block.get("attacker_pool") is not None
+        else None,
+        f"owners' pool: {fmt_int(block.get('owner_pool'))} rows"
+        if block.get("owner_pool") is not None
+        else None,
+        f"models trained: {fmt_int(block.get('models_trained'))}, from the store: "
+        f"{fmt_int(block.get('models_from_store'))}"
+        if block.get("models_trained") is not None
+        else None,
+    ]
+    return " · ".join(p for p in parts if p)
+
+
+def _shares(block: Mapping[str, Any]) -> str:
+    cells = []
+    for role, name in (("shadow", "shadows"), ("target", "targets")):
+        values = [block.get(f"{role}_share_world{w}") for w in (0, 1)]
+        if all(number(v) is not None for v in values):
+            cells.append(f"{name}: {fmt(values[0], 3)} (world 0) vs {fmt(values[1], 3)} (world 1)")
+    return "measured property in the training sets — " + "; ".join(cells) if cells else ""
+
+
+@register_section
+class PropertySection:
+    """Property inference: facts, the score figure, the table of attacks."""
+
+    key = "property-inference"
+    title = "Property inference"
+    order = 45
+
+    def applies(self, payload: Mapping[str, Any]) -> bool:
+        """Whether the payload has a property-inference block with at least one attack."""
+        return bool(mappings(_block(payload).get("attacks")))
+
+    def render(self, folder: Path, payload: Mapping[str, Any]) -> str:
+        """Property, facts, the score figure and guide, the table."""
+        block = _block(payload)
+        rows = list(mappings(block.get("attacks")))
+        images = block.get("images")
+        images = images if isinstance(images, Mapping) else {}
+        description = block.get("description") or block.get("property") or ""
+        picture = figure(
+            folder,
+            images.get("scores"),
+            "Each target's predicted probability of the property, by its true world",
+            "Meta-classifier scores of the evaluation targets by true world: "
+            + ", ".join(str(r.get("method")) for r in rows),
+        )
+        shares = _shares(block)
+        parts = [
+            f'<section id="{self.key}">',
+            f"<h2>{e(self.title)}</h2>",
+            f"<p>Property <code>{e(block.get('property'))}</code>: {e(description)}.</p>"
+            if block.get("property")
+            else "",
+            f'<p class="meta">{e(_facts(block))}</p>' if _facts(block) else "",
+            f'<p class="small">{e(shares)}</p>' if shares else "",
+            f'<p class="small">{e(READING_GUIDE)}</p>',
+            picture,
+            f"<h3>Attacks ({len(rows)})</h3>",
+            _table(rows),
+            "</section>",
+        ]
+        return "\n".join(p for p in parts if p)
