@@ -406,13 +406,14 @@ def make_defense(name: str, **params: Any) -> Defense:
     return DEFENSES.make(name, **params)
 
 
-def parse_defense(spec: str) -> Defense:
+def parse_defense(spec: str, registry: Registry[type[Defense]] | None = None) -> Defense:
     """A defence from its spec: `name[:value|:key=value]...` (values positional in the class's
-    `parameters` order, e.g. `topk:1`, `memguard:budget=0.5`, `advreg:3:k=1`)."""
+    `parameters` order, e.g. `topk:1`, `memguard:budget=0.5`, `advreg:3:k=1`), looked up in
+    `registry` (default `DEFENSES`; the update defences of federated clients keep their own)."""
     if not isinstance(spec, str) or not spec.strip():
         raise DefenseError("empty defence spec; write e.g. topk:1 or l2:1e-3")
     name, *values = [part.strip() for part in spec.strip().split(":")]
-    cls = DEFENSES.get(name)
+    cls = (DEFENSES if registry is None else registry).get(name)
     params: dict[str, Any] = {}
     order = [p.name for p in cls.parameters]
     position = 0
@@ -424,10 +425,8 @@ def parse_defense(spec: str) -> Defense:
             key = key.strip().replace("-", "_")
         else:
             if position >= len(order):
-                raise DefenseError(
-                    f"{spec!r}: {cls.name} takes at most {len(order)} positional parameter"
-                    f"{'s' if len(order) != 1 else ''}"
-                )
+                most = f"at most {len(order)} positional parameter" if order else "no parameters"
+                raise DefenseError(f"{spec!r}: {cls.name} takes {most}{'s' * (len(order) > 1)}")
             key, text = order[position], value
             position += 1
         if key in params:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from privacylab.defenses.base import Defense, DefenseError
+from privacylab.defenses.base import Defense, DefenseError, parse_defense
 from privacylab.federated.protocol import LocalPrivacy, LocalTraining
 from privacylab.registry import Registry
 
@@ -172,23 +172,4 @@ def parse_update_defense(spec: str | None) -> UpdateDefense | None:
         if values:
             raise DefenseError(f"{spec!r}: none takes no parameters")
         return None
-    cls = UPDATE_DEFENSES.get(name)
-    order = [p.name for p in cls.parameters]
-    params: dict[str, Any] = {}
-    position = 0
-    for value in values:
-        if not value:
-            raise DefenseError(f"{spec!r}: empty parameter")
-        if "=" in value:
-            key, _, text = value.partition("=")
-            key = key.strip().replace("-", "_")
-        else:
-            if position >= len(order):
-                most = f"at most {len(order)} value" if order else "no values"
-                raise DefenseError(f"{spec!r}: {cls.name} takes {most}")
-            key, text = order[position], value
-            position += 1
-        if key in params:
-            raise DefenseError(f"{spec!r}: parameter {key!r} given twice")
-        params[key] = text.strip()
-    return cls(**params)
+    return parse_defense(spec, UPDATE_DEFENSES)  # type: ignore[return-value]
