@@ -45,6 +45,7 @@ from privacylab.attacks.inversion import (
     ReconstructionResult,
     inversion_class,
     inversion_names,
+    non_smooth_layer,
     run_reconstruction,
 )
 from privacylab.data import Dataset, load_dataset
@@ -415,6 +416,20 @@ def prepare(config: GradientConfig) -> GradientCase:
     return GradientCase(config, target, task, truth, defense, facts)
 
 
+def _preflight(case: GradientCase) -> None:
+    """The attack's refusal of the model, before any attack of a grid runs: an attack that
+    differentiates through second derivatives refuses a piecewise-linear model (the check of
+    `GradientAttack.run`, with its wording)."""
+    cls = case.config.attack_class()
+    if cls.needs_smooth:
+        layer = non_smooth_layer(case.target.model)
+        if layer is not None:
+            raise InversionError(
+                f"{cls.name} needs twice-differentiable activations (sigmoid, tanh) but "
+                f"layer {layer} is piecewise linear; use ig, or a sigmoid model"
+            )
+
+
 def _spec(defense: ClientDefense | None) -> str:
     return "none" if defense is None else str(defense.spec)
 
@@ -526,24 +541,28 @@ def defense_grid(
     for config in configs:
         config.validate()
     keys = [store_key(c) for c in configs]
-    rows: list[dict[str, Any]] = []
     handle = None
     if store is not None:
         path = Path(store).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)
         handle = ResultStore(path)
+    rows: list[dict[str, Any]] = []
     try:
+        stored = [handle.get(RECONSTRUCTIONS, k) if handle is not None else None for k in keys]
+        cases = {i: prepare(c) for i, c in enumerate(configs) if stored[i] is None}
+        for case in cases.values():
+            _preflight(case)
         for i, (config, key) in enumerate(zip(configs, keys, strict=True)):
             stage = f"gradients: attack {config.method} ({config.defense or 'none'})"
-            stored = handle.get(RECONSTRUCTIONS, key) if handle is not None else None
-            if stored is not None:
-                rows.append({**stored, "from_store": True})
+            found = stored[i]
+            if found is not None:
+                rows.append({**found, "from_store": True})
                 if progress:
                     progress(f"{stage} from the store", i + 1, len(configs))
                 continue
             if progress:
                 progress(stage, i, len(configs))
-            case = prepare(config)
+            case = cases.pop(i)
             row = result_row(case, _attack(case))
             if handle is not None:
                 handle.put(RECONSTRUCTIONS, key, row)

@@ -1,0 +1,127 @@
+"""`privacylab attack gradients`: the issue's JSON contract, `--defense` parsed (several:
+one object with `results`), one-line refusals (exit 2, nothing else on stderr or stdout),
+`--out` writing the report with its pictures, and `--store` serving a second run.
+
+Tiny and seeded: 8x8 digits, DLG's sigmoid LeNet, one image, 20 attack iterations.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import privacylab.reconstruct as job
+from privacylab.cli import app
+from privacylab.defenses.update import parse_update_defense
+
+runner = CliRunner()
+FAST = ("--options", '{"iterations": 20}')
+ISSUE_KEYS = {"method", "psnr", "ssim", "mse", "label_accuracy", "batch_size", "defense"}
+FACT_KEYS = {"dataset", "model", "examples", "local_steps", "clients", "baseline_psnr"}
+
+
+def invoke(*args: str):
+    return runner.invoke(app, ["attack", "gradients", *args])
+
+
+def run_json(*args: str) -> dict:
+    result = invoke(*args, "--json")
+    assert result.exit_code == 0, result.stderr + result.stdout
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 1, result.stdout
+    return json.loads(lines[0])
+
+
+def fails(*args: str) -> str:
+    """The one stderr line of a refused command (exit 2, nothing on stdout)."""
+    result = invoke(*args, "--json")
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert result.stdout == ""
+    return lines[0]
+
+
+def test_one_defence_prints_the_issue_flat_object() -> None:
+    out = run_json(
+        "--dataset", "digits", "--model", "lenet-sigmoid", "--method", "ig",
+        "--batch-size", "1", "--examples", "4", *FAST,
+    )  # fmt: skip
+    assert set(out) >= ISSUE_KEYS | FACT_KEYS
+    assert out["method"] == "ig" and out["batch_size"] == 1 and out["defense"] == "none"
+    assert out["dataset"] == "digits" and out["model"] == "lenet-sigmoid"
+    assert out["examples"] == [4] and out["local_steps"] == 1 and out["clients"] == 1
+    assert 0 <= out["ssim"] <= 1 and out["mse"] >= 0 and out["label_accuracy"] == 1.0
+    assert "images" not in out  # the pixels stay in results.json
+
+
+def test_several_defences_print_one_object_with_results() -> None:
+    specs = ["none", "noise:1e-2", "prune:0.2", "fp16", "int8", "dp:4"]
+    out = run_json("--method", "ig", "--defense", ",".join(specs), *FAST)
+    assert out["method"] == "ig" and len(out["results"]) == len(specs)
+    said = [r["defense"] for r in out["results"]]
+    assert said == ["none"] + [parse_update_defense(s).spec for s in specs[1:]]  # type: ignore[union-attr]
+    assert len({r["examples"][0] for r in out["results"]}) == 1  # the same digit each time
+    assert all(set(r) >= ISSUE_KEYS for r in out["results"])
+
+
+def test_local_steps_and_clients_reach_the_run() -> None:
+    out = run_json("--method", "ig", "--batch-size", "2", "--local-steps", "2", *FAST)
+    assert out["local_steps"] == 2 and out["training"]["algorithm"] == "fedavg"
+    out = run_json("--method", "ig", "--clients", "2", *FAST)
+    assert out["clients"] == 2 and out["batch_size"] == 2 and out["secure_aggregation"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (("--batch-size", "0"), "batch size must be a whole number >= 1"),
+        (("--defense", "blur:3"), "unknown update defense 'blur'"),
+        (("--defense", "noise:-1"), "noise"),
+        (("--defense", "none,"), "empty entry"),
+        (("--method", "dlg", "--model", "mlp"), "dlg needs twice-differentiable activations"),
+        (("--model", "cnn"), "model cnn needs images of at least 14x14 pixels"),
+        (("--examples", "1,x"), "--examples must be comma-separated row indices"),
+        (("--examples", "100000"), "example 100000 is out of range"),
+        (("--method", "nope"), "nope"),
+        (("--options", "[1]"), "--options must be a JSON object"),
+    ],
+)
+def test_bad_input_is_one_line(args: tuple[str, ...], expected: str) -> None:
+    assert expected in fails("--method", "ig", *FAST, *args)
+
+
+def test_out_writes_the_report_with_pictures(tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    result = invoke("--method", "ig", "--defense", "none,noise:1e-1", *FAST, "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    page = (out / "index.html").read_text()
+    assert 'id="gradient-inversion"' in page and "Dummy-initialisation baseline" in page
+    payload = json.loads((out / "results.json").read_text())
+    images = payload["reconstruction"]["images"]
+    pictures = [images["grid"], images["objective"], *images["pairs"]]
+    assert len(pictures) == 4
+    for name in pictures:
+        assert (out / name).is_file() and f'src="{name}"' in page
+    assert len(payload["reconstruction"]["runs"][0]["images"]["truth"]) == 64
+
+
+def test_store_serves_a_second_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+    real = job._attack
+
+    def counting(case: job.GradientCase) -> object:
+        ran.append(case.config.defense)
+        return real(case)
+
+    monkeypatch.setattr(job, "_attack", counting)
+    store = str(tmp_path / "runs.sqlite")
+    first = run_json("--method", "ig", "--defense", "none,fp16", *FAST, "--store", store)
+    assert ran == ["none", "fp16"]
+    second = run_json("--method", "ig", "--defense", "none,fp16", *FAST, "--store", store)
+    assert ran == ["none", "fp16"]  # nothing recomputed
+    assert [r["from_store"] for r in second["results"]] == [True, True]
+    assert [r["psnr"] for r in second["results"]] == [r["psnr"] for r in first["results"]]
