@@ -22,8 +22,9 @@ lowest cost seen (line 9). Choices made here, each an option:
   paper's plain step, lambda * grad c, is `normalize=False`).
 - Process: the paper denoises and sharpens with image filters (Sec. 5.2). Here Process is a
   Gaussian denoise blended in, x <- (1 - rho) x + rho (G_s * x) (`denoise` = rho, `blur` = s
-  pixels, default 1 for images of side >= 14 and 0.5 below, 5x5 kernel, replicated edges), then the clamp to the task's box `bounds`. Inputs
-  that are not images (C, H, W) are only clamped.
+  pixels, default 1 for images of side >= 14 and 0.5 below, 5x5 kernel, replicated edges),
+  then the clamp to the task's box `bounds`. Inputs that are not images (C, H, W) are only
+  clamped.
 
 Threat model. `miface` needs only SCORES (the issue: "from scores access"): grad c is
 estimated by zeroth-order finite differences with antithetic Gaussian directions (NES, Ilyas
