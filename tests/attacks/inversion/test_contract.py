@@ -1,0 +1,96 @@
+"""The contract every registered gradient-inversion attack keeps (after scikit-learn's
+`parametrize_with_checks`): it runs over `inversion_names("gradients")`, so an attack added in a
+new file of `privacylab.attacks.inversion` is checked with no edit here.
+
+On one tiny client update (8x8 digits, a sigmoid LeNet or, for attacks that need a fully
+connected first layer, a sigmoid MLP; FedSGD, or 2-step FedAvg for attacks that replay local
+training) each attack must: declare updates access; refuse a target without it (AccessError);
+return a batch of the right shape inside the box; be reproducible under its seed; never see
+the truth (the same output whatever the truth says); and count its forward passes as queries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from privacylab.attacks.inversion import (
+    INVERSION_ATTACKS,
+    GradientTask,
+    GradientTruth,
+    inversion_names,
+    make_inversion,
+    run_reconstruction,
+)
+from privacylab.federated import LocalTraining, ObservedUpdate, local_update
+from privacylab.models import build_model
+from privacylab.target import Access, AccessError, Target
+
+CHEAP: dict[str, dict[str, Any]] = {
+    "dlg": {"iterations": 3},
+    "dlg-fedavg": {"iterations": 3},
+    "idlg": {"iterations": 3},
+    "idlg-fedavg": {"iterations": 3},
+    "ig": {"iterations": 10},
+}
+"""Light settings (the contract, not the attack's strength, is tested here)."""
+
+GRADIENT_ATTACKS = inversion_names("gradients")
+
+
+def _model(name: str) -> nn.Module:
+    if name == "analytic":
+        return build_model("mlp", (1, 8, 8), 10, widths=(16,), activation="sigmoid", seed=0)
+    return build_model("lenet", (1, 8, 8), 10, init="uniform", seed=0)
+
+
+def _training(name: str) -> LocalTraining:
+    side = INVERSION_ATTACKS.get(name).threat_model.side_information
+    return (
+        LocalTraining("fedavg", epochs=2, lr=0.1) if "local-training" in side else LocalTraining()
+    )
+
+
+def _case(name: str, labels_seed: int = 0) -> tuple[Target, GradientTask, GradientTruth]:
+    model = _model(name)
+    gen = torch.Generator().manual_seed(7)
+    x, y = torch.rand(1, 1, 8, 8, generator=gen), torch.tensor([3])
+    training = _training(name)
+    state = {k: v.detach().clone() for k, v in model.named_parameters()}
+    update = ObservedUpdate(0, (0,), state, local_update(model, state, x, y, training), 1, training)
+    target = Target(model, "updates", 10, updates=[update])
+    task = GradientTask((1, 8, 8), 10, labels=y, local_training=training, seed=labels_seed)
+    return target, task, GradientTruth(x, y)
+
+
+def test_every_gradient_attack_is_registered_with_updates_access() -> None:
+    assert {"dlg", "idlg", "ig", "analytic"} <= set(GRADIENT_ATTACKS)
+    for name in GRADIENT_ATTACKS:
+        cls = INVERSION_ATTACKS.get(name)
+        assert cls.threat_model.access is Access.UPDATES, name
+        assert cls.paper, f"{name} names no paper"
+
+
+@pytest.mark.parametrize("name", GRADIENT_ATTACKS)
+def test_contract(name: str) -> None:
+    target, task, truth = _case(name)
+    attack = make_inversion(name, **CHEAP.get(name, {}))
+    with pytest.raises(AccessError):
+        run_reconstruction(attack, target.with_access("white-box"), task, truth)
+    first = run_reconstruction(attack, target, task, truth)
+    assert first.x is not None and tuple(first.x.shape) == (1, 1, 8, 8)
+    assert float(first.x.min()) >= 0.0 and float(first.x.max()) <= 1.0
+    assert target.queries == first.queries  # every forward pass went through the view
+    assert first.queries > 0 or name == "analytic"  # analytic: a closed form of the update
+    assert first.method == name and first.access == "updates"
+    assert {"method", "psnr", "ssim", "mse", "label_accuracy", "batch_size", "defense"} <= set(
+        first.to_dict()
+    )
+    # the truth is attached only afterwards: a different truth changes the scores, not the output
+    lie = GradientTruth(torch.zeros_like(truth.x), torch.tensor([0]))
+    target2, task2, _ = _case(name)
+    second = run_reconstruction(make_inversion(name, **CHEAP.get(name, {})), target2, task2, lie)
+    torch.testing.assert_close(second.x, first.x)
