@@ -124,7 +124,7 @@ def test_queries_counted(class_share: Case) -> None:
 def _permuted(model: nn.Module, layer: int, order: torch.Tensor) -> nn.Module:
     """A copy of the MLP with hidden layer `layer`'s neurons put in `order`."""
     copy = build_model(
-        "mlp", (1, 8, 8), 10, widths=[len(l.weight) for l in dense_layers(model)][:-1]
+        "mlp", (1, 8, 8), 10, widths=[len(layer.weight) for layer in dense_layers(model)][:-1]
     )
     copy.load_state_dict(model.state_dict())
     layers = dense_layers(copy)
@@ -136,7 +136,7 @@ def _permuted(model: nn.Module, layer: int, order: torch.Tensor) -> nn.Module:
 
 
 def _params(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(l.weight.detach(), l.bias.detach()) for l in dense_layers(model)]
+    return [(layer.weight.detach(), layer.bias.detach()) for layer in dense_layers(model)]
 
 
 def test_permuting_hidden_neurons_leaves_the_meta_classifier_unchanged() -> None:
