@@ -275,3 +275,20 @@ def test_result_row_keeps_the_issue_keys_and_the_pixels() -> None:
     np.testing.assert_allclose(
         np.asarray(row["images"]["truth"]).reshape(2, 1, 8, 8), case.truth.x.numpy(), atol=1e-5
     )
+
+
+def test_a_saved_model_is_attacked_on_its_own_training_rows(tmp_path: Path) -> None:
+    from privacylab.models import ModelSpec, build_model, save_model
+
+    options = {"activation": "sigmoid", "init": "uniform"}
+    model = build_model("lenet", (1, 8, 8), 10, seed=3, **options)
+    meta = {"data": {"name": "digits"}, "training": {"seed": 5}}
+    save_model(model, tmp_path / "saved", ModelSpec("lenet", (1, 8, 8), 10, options), meta)
+    case = prepare(ig(target=str(tmp_path / "saved"), examples=(2,)))
+    sent = case.target.updates[0].state
+    assert all(torch.equal(sent[k], v) for k, v in model.state_dict().items())
+    train, _ = train_test_indices(load_dataset("digits"), seed=5)
+    assert case.facts["dataset_rows"] == [int(train[2])] and case.facts["model"] == "lenet"
+    assert job.store_key(ig(target=str(tmp_path / "saved"))) != job.store_key(ig())
+    with pytest.raises(InversionError, match="was trained on digits, not mnist5k"):
+        prepare(ig(target=str(tmp_path / "saved"), dataset="mnist5k"))

@@ -25,6 +25,7 @@ keyed by its settings, so a killed grid resumes and a second run is served from 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,8 +52,8 @@ from privacylab.attacks.inversion import (
 from privacylab.data import Dataset, load_dataset
 from privacylab.data.dataset import train_test_indices
 from privacylab.execution import ResultStore, config_key
-from privacylab.federated import ClientDefense, LocalTraining, ObservedUpdate, local_update
-from privacylab.models import build_model
+from privacylab.federated import ClientDefense, LocalTraining, observe
+from privacylab.models import build_model, load_model
 from privacylab.target import Target
 
 __all__ = [
@@ -281,22 +282,43 @@ class _Source:
 def _source(config: GradientConfig, build: bool) -> _Source:
     """The dataset, its training part and (when `build`) the model of `config`."""
     if config.target is not None:
-        from privacylab.extract import load_victim
-
-        victim = load_victim(config.target, config.root, config.device)
-        if config.dataset is not None and config.dataset != victim.data.name:
-            raise InversionError(
-                f"--target {config.target} was trained on {victim.data.name}, not {config.dataset}"
-            )
-        training = victim.metadata.get("training")
-        split_seed = training.get("seed", 0) if isinstance(training, dict) else 0
-        train_rows, _ = train_test_indices(victim.data, seed=int(split_seed))
-        facts = {"name": victim.spec.name, **dict(victim.spec.options), "target": victim.name}
-        return _Source(victim.data, train_rows, facts, victim.model, victim.digest)
+        return _saved(config)
     data = load_dataset(config.dataset_name(), config.root)
     train_rows, _ = train_test_indices(data, seed=0)
     model, facts = _fresh_model(config, data) if build else (None, {})
     return _Source(data, train_rows, facts, model)
+
+
+def _saved(config: GradientConfig) -> _Source:
+    """The model saved at `config.target` (safetensors + JSON sidecar, `load_model`), its
+    dataset (the sidecar's `metadata.data.name`) and the training part it was trained on (cut
+    with its own training seed), identified by the sidecar's digest (it holds the weights'
+    sha256)."""
+    path = Path(str(config.target)).expanduser()
+    if not path.is_dir():
+        raise InversionError(f"--target {config.target} is not a model folder")
+    model, spec, meta = load_model(path, device=config.device)
+    info = meta.get("data")
+    if not isinstance(info, dict) or not isinstance(info.get("name"), str):
+        raise InversionError(f"{path}: the sidecar's metadata.data.name is not a dataset name")
+    if config.dataset is not None and config.dataset != info["name"]:
+        raise InversionError(
+            f"--target {config.target} was trained on {info['name']}, not {config.dataset}"
+        )
+    data = load_dataset(info["name"], config.root)
+    if data.kind != "image" or tuple(data.input_shape) != tuple(spec.input_shape):
+        raise InversionError(
+            f"{path}: the model takes inputs of shape {tuple(spec.input_shape)}; gradient "
+            f"inversion needs it to be the image shape of its dataset {data.name}"
+        )
+    training = meta.get("training")
+    seed = training.get("seed", 0) if isinstance(training, dict) else 0
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise InversionError(f"{path}: the sidecar's training.seed is not a whole number")
+    train_rows, _ = train_test_indices(data, seed=seed)
+    digest = hashlib.sha256((path / "model.json").read_bytes()).hexdigest()
+    facts = {"name": spec.name, **dict(spec.options)}
+    return _Source(data, train_rows, facts, model, digest)
 
 
 def _examples(config: GradientConfig, n_train: int, dataset: str) -> tuple[int, ...]:
@@ -319,45 +341,6 @@ def _examples(config: GradientConfig, n_train: int, dataset: str) -> tuple[int, 
     return tuple(int(i) for i in config.examples)
 
 
-def _observe(
-    model: nn.Module,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    training: LocalTraining,
-    defense: ClientDefense | None,
-    clients: int,
-    seed: int,
-) -> list[ObservedUpdate]:
-    """What the server observes in round 0: `clients` clients split (`x`, `y`) evenly in
-    order, each trains locally from the model's parameters (DP-SGD when the defence asks for
-    it) and applies the defence with its own seeded generator; with several clients, secure
-    aggregation leaves only the example-weighted mean (Bonawitz et al. 2017)."""
-    state = {k: v.detach().clone() for k, v in model.named_parameters()}
-    n = int(x.shape[0]) // clients
-    spec = None if defense is None else _spec(defense)
-    sent: list[ObservedUpdate] = []
-    for c in range(clients):
-        generator = torch.Generator(device=x.device).manual_seed(seed * MAX_CLIENTS + c)
-        rows = slice(c * n, (c + 1) * n)
-        privacy = (
-            None
-            if defense is None
-            else defense.local_privacy(training=training, examples=n, rounds=1)
-        )
-        extra: dict[str, Any] = (
-            {} if privacy is None else {"privacy": privacy, "generator": generator}
-        )
-        update = local_update(model, state, x[rows], y[rows], training, **extra)
-        if defense is not None:
-            update = defense.apply(update, generator)
-        sent.append(ObservedUpdate(0, (c,), state, update, n, training, defense=spec))
-    if clients == 1:
-        return sent
-    mean = {k: sum(u.update[k] for u in sent) / clients for k in state}
-    clients_ids = tuple(range(clients))
-    return [ObservedUpdate(0, clients_ids, state, mean, n * clients, training, True, defense=spec)]
-
-
 def prepare(config: GradientConfig) -> GradientCase:
     """Set up one attack: rows, model, the observed update (each client applies the
     defence; secure aggregation over k > 1 clients), the server's `Target` and `GradientTask`
@@ -374,14 +357,21 @@ def prepare(config: GradientConfig) -> GradientCase:
     device = torch.device(config.device)
     model = model.to(device)
     training = config.training()
-    observed = _observe(
-        model, x.to(device), y.to(device), training, defense, config.clients, config.seed
+    observed = observe(
+        model,
+        x.to(device),
+        y.to(device),
+        training=training,
+        defense=defense,
+        clients=config.clients,
+        secure_aggregation=config.clients > 1,
+        seed=config.seed,
     )
     target = Target(model, "updates", data.num_classes, device=device, updates=observed)
     task = GradientTask(
         input_shape=tuple(data.input_shape),
         num_classes=data.num_classes,
-        update=len(observed) - 1 if config.clients > 1 else 0,
+        update=0,
         bounds=(0.0, 1.0),
         labels=y.clone() if config.labels_known else None,
         local_training=training,
