@@ -23,7 +23,6 @@ from safetensors.torch import save
 from torch import nn
 
 from privacylab.federated.protocol import FederatedError
-from privacylab.training.checkpoint import write_durably
 
 __all__ = ["FORMAT", "RECORD_FILE", "WEIGHTS_FILE", "load_round", "save_round"]
 
@@ -37,6 +36,8 @@ def save_round(
     folder: Path, model: nn.Module, fingerprint: str, round: int, record: dict[str, Any]
 ) -> None:
     """Commit the global `model` after `round` with `record` (JSON: config, history)."""
+    from privacylab.training.checkpoint import write_durably  # not for a client's import
+
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     meta = {"format": FORMAT, "fingerprint": fingerprint, "round": round, "record": record}

@@ -134,12 +134,16 @@ def run_client(task: ClientTask) -> ClientResult:
         update = local_update(
             model, state, x, y, task.training, privacy=privacy, generator=generator
         )
-        update = {k: v.detach() for k, v in update.items()}
         if task.defense is not None:
-            update = {k: v.detach() for k, v in task.defense.apply(update, generator).items()}
+            update = task.defense.apply(_detached(update), generator)
+        update = _detached(update)
     if task.to_cpu:
         update = {k: v.cpu() for k, v in update.items()}
     return ClientResult(task.client, update, n)
+
+
+def _detached(update: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v.detach() if v.requires_grad else v for k, v in update.items()}
 
 
 def _check_rows(x: Tensor, y: Tensor) -> None:

@@ -399,6 +399,20 @@ class Federation:
                 raise FederatedError(str(error)) from None
         return self._executor
 
+    def close(self) -> None:
+        """Release the executor (a Ray instance it started is shut down); a later round
+        builds a new one."""
+        executor, self._executor = self._executor, None
+        close = getattr(executor, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Federation:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _run_clients(self, tasks: Sequence[ClientTask]) -> list[ClientResult]:
         executor = self._executor_for_clients()
         results: list[ClientResult | None] = [None] * len(tasks)
@@ -499,6 +513,26 @@ class Federation:
                 self._history = [RoundRecord.from_dict(h) for h in record.get("history", [])]
         show = _print_round(self.config.rounds) if progress is True else progress or None
         resumed_from = self._completed
+        try:
+            self._run_rounds(until, test_x, test_y, folder, show)
+        finally:
+            self.close()
+        return FederationResult(
+            config=self.config,
+            defense=None if self.defense is None else self.defense.spec,
+            history=tuple(self._history),
+            seconds=time.perf_counter() - started,
+            resumed_from=resumed_from,
+        )
+
+    def _run_rounds(
+        self,
+        until: int,
+        test_x: Tensor | None,
+        test_y: Tensor | None,
+        folder: Path | None,
+        show: Callable[[RoundRecord], None] | None,
+    ) -> None:
         for r in range(self._completed + 1, until + 1):
             begin = time.perf_counter()
             observed = self.round(r)
@@ -524,10 +558,3 @@ class Federation:
                 )
             if show is not None:
                 show(record)
-        return FederationResult(
-            config=self.config,
-            defense=None if self.defense is None else self.defense.spec,
-            history=tuple(self._history),
-            seconds=time.perf_counter() - started,
-            resumed_from=resumed_from,
-        )
