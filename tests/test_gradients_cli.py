@@ -94,6 +94,16 @@ def test_bad_input_is_one_line(args: tuple[str, ...], expected: str) -> None:
     assert expected in fails("--method", "ig", *FAST, *args)
 
 
+def test_a_refusal_inside_the_attack_is_one_line_too() -> None:
+    line = fails("--method", "analytic", "--model", "mlp", "--batch-size", "2")
+    assert "analytic" in line and "one example" in line
+
+
+def test_dlg_on_a_fedavg_update_runs_its_fedavg_variant() -> None:
+    out = run_json("--method", "dlg", "--local-steps", "2", *FAST)
+    assert out["method"] == "dlg-fedavg" and out["training"]["epochs"] == 2
+
+
 def test_out_writes_the_report_with_pictures(tmp_path: Path) -> None:
     out = tmp_path / "report"
     result = invoke("--method", "ig", "--defense", "none,noise:1e-1", *FAST, "--out", str(out))

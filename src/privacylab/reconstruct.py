@@ -162,13 +162,21 @@ class GradientConfig:
         )
 
     def attack_class(self) -> type[GradientAttack]:
-        """The registered gradient attack `method`, or InversionError naming the choices."""
+        """The registered gradient attack `method`, or InversionError naming the choices. On
+        a FedAvg update an attack that does not declare the side information
+        "local-training" is replaced by its registered `<method>-fedavg` variant when there is
+        one (`dlg` -> `dlg-fedavg`): the server knows the clients' procedure here."""
         name = str(self.method).strip()
         if not name:
             raise InversionError(
                 f"no method given; choose from {', '.join(inversion_names('gradients'))}"
             )
         cls = inversion_class(name, "gradients")
+        multi_step = self.local_steps != 1 or self.local_batch_size is not None
+        if multi_step and "local-training" not in cls.threat_model.side_information:
+            variant = f"{cls.name}-fedavg"
+            if variant in inversion_names("gradients"):
+                cls = inversion_class(variant, "gradients")
         assert issubclass(cls, GradientAttack)
         return cls
 
@@ -491,7 +499,7 @@ def _key_facts(config: GradientConfig, examples: Sequence[int], digest: str | No
             "dataset": config.dataset_name() if config.target is None else None,
             "model": config.model_name() if config.target is None else None,
             "target": digest,
-            "method": str(inversion_class(config.method, "gradients").name),
+            "method": str(config.attack_class().name),
             "batch_size": config.batch_size,
             "examples": list(examples),
             "training": config.training().to_dict(),
@@ -527,7 +535,8 @@ def defense_grid(
     """Run every config (one `result_row` each, in order). With `store` (a SQLite file),
     each finished row is written there as it finishes and a config already stored is served
     from it (`from_store`), so a killed grid resumes where it stopped. Every config is
-    checked before the first runs."""
+    checked before the first runs; `progress` hears of a run when it finishes (and when the
+    next starts), so an attack that refuses its first update leaves only its one-line error."""
     for config in configs:
         config.validate()
     keys = [store_key(c) for c in configs]
@@ -542,6 +551,7 @@ def defense_grid(
         cases = {i: prepare(c) for i, c in enumerate(configs) if stored[i] is None}
         for case in cases.values():
             _preflight(case)
+        computed = 0
         for i, (config, key) in enumerate(zip(configs, keys, strict=True)):
             stage = f"gradients: attack {config.method} ({config.defense or 'none'})"
             found = stored[i]
@@ -550,13 +560,16 @@ def defense_grid(
                 if progress:
                     progress(f"{stage} from the store", i + 1, len(configs))
                 continue
-            if progress:
+            if progress and computed:
                 progress(stage, i, len(configs))
             case = cases.pop(i)
             row = result_row(case, _attack(case))
             if handle is not None:
                 handle.put(RECONSTRUCTIONS, key, row)
             rows.append({**row, "from_store": False})
+            computed += 1
+            if progress:
+                progress(stage, i + 1, len(configs))
     finally:
         if handle is not None:
             handle.close()
