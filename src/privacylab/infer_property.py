@@ -33,7 +33,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from privacylab.attacks.inversion import InversionError, inversion_names, make_inversion
+from privacylab.attacks.inversion import (
+    InversionError,
+    inversion_class,
+    inversion_names,
+    make_inversion,
+)
 from privacylab.attacks.inversion.property import (
     Property,
     PropertyAttack,
@@ -131,7 +136,7 @@ class PropertyConfig:
             )
         out: list[str] = []
         for name in names:
-            canonical = type(make_inversion(name, "property")).name
+            canonical = inversion_class(name, "property").name
             if canonical not in out:
                 out.append(canonical)
         return out
@@ -176,7 +181,7 @@ class PropertyConfig:
         for name in self.chosen_methods():
             self.attack(name)
         for name in self.attack_options:
-            if type(make_inversion(name, "property")).name not in self.chosen_methods():
+            if inversion_class(name, "property").name not in self.chosen_methods():
                 raise InversionError(f"options given for {name}, which is not run")
         return self
 
