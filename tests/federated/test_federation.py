@@ -367,6 +367,7 @@ def test_bad_data_and_rounds_are_one_line() -> None:
         (lambda: Federation(model, x, y.float(), FederationConfig()), "integer class labels"),
         (lambda: Federation(model, x[:, :, :4], y, FederationConfig()), "cannot run on x"),
         (lambda: Federation(model, x, y, FederationConfig(clients=2)).round(0), "round must"),
+        (lambda: Federation(model, x, y, FederationConfig(rounds=3)).round(2), "the next is 1"),
         (lambda: Federation(model, x, y, FederationConfig()).fit(until=2), "exceeds the rounds"),
         (lambda: Federation(model, x, y, FederationConfig()).fit(x), "both test_x and test_y"),
         (lambda: Federation(model, x, y, FederationConfig()).client_data(10), r"in 0\.\.9"),

@@ -13,7 +13,6 @@ model as it is, and the server's observation comes back.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -34,12 +33,15 @@ from privacylab.federated.protocol import (
 __all__ = [
     "ClientResult",
     "ClientTask",
+    "check_rows",
     "client_generator",
     "observe",
     "run_client",
+    "server_view",
     "split_evenly",
     "stream_seed",
     "weighted_mean",
+    "whole_number",
 ]
 
 SPLIT_STREAM = 0
@@ -146,21 +148,28 @@ def _detached(update: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return {k: v.detach() if v.requires_grad else v for k, v in update.items()}
 
 
-def _check_rows(x: Tensor, y: Tensor) -> None:
+def check_rows(x: object, y: object, what: str = "the clients'") -> tuple[Tensor, Tensor]:
+    """(`x`, `y`) detached if `x` is n >= 1 rows of finite floating-point features and `y`
+    holds n labels (int labels or probability rows); else FederatedError (one line)."""
     if not isinstance(x, Tensor) or not isinstance(y, Tensor):
-        raise FederatedError("x and y must be torch tensors")
+        raise FederatedError(f"{what} x and y must be torch tensors")
     if x.ndim < 2 or int(x.shape[0]) < 1:
-        raise FederatedError(f"x must hold n >= 1 rows of features, got shape {tuple(x.shape)}")
-    if int(y.shape[0]) != int(x.shape[0]):
-        raise FederatedError(f"x has {int(x.shape[0])} rows but y has {int(y.shape[0])}")
+        raise FederatedError(f"{what} x must hold n >= 1 rows, got shape {tuple(x.shape)}")
+    if y.ndim < 1 or int(y.shape[0]) != int(x.shape[0]):
+        raise FederatedError(
+            f"{what} y must hold one label per row of x ({int(x.shape[0])}), "
+            f"got shape {tuple(y.shape)}"
+        )
     if not torch.is_floating_point(x) or not bool(torch.isfinite(x).all()):
-        raise FederatedError("x must be finite floating-point features")
+        raise FederatedError(f"{what} x must be finite floating-point features")
+    return x.detach(), y.detach()
 
 
-def _check_whole(name: str, value: object, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+def whole_number(name: str, value: object, low: int = 1) -> int:
+    """`value` as an int if it is a whole number >= `low` (not a bool), else FederatedError."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
         raise FederatedError(f"{name} must be a whole number >= {low}, got {value!r}")
-    return value
+    return int(value)
 
 
 def observe(
@@ -185,10 +194,10 @@ def observe(
     training = LocalTraining() if training is None else training
     if not isinstance(training, LocalTraining):
         raise FederatedError(f"training must be a LocalTraining, got {type(training).__name__}")
-    _check_rows(x, y)
-    clients = _check_whole("clients", clients)
-    rounds = _check_whole("rounds", rounds)
-    seed = _check_whole("seed", seed, 0)
+    x, y = check_rows(x, y)
+    clients = whole_number("clients", clients)
+    rounds = whole_number("rounds", rounds)
+    seed = whole_number("seed", seed, 0)
     if clients > int(x.shape[0]):
         raise FederatedError(f"{clients} clients need at least {clients} rows, got {len(x)}")
     parameters = list(model.named_parameters())
@@ -246,12 +255,3 @@ def server_view(
         )
         for r in results
     ]
-
-
-def finite_positive(name: str, value: object) -> float:
-    """`value` as a float if it is a finite number > 0, else FederatedError (one line)."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise FederatedError(f"{name} must be a finite number > 0, got {value!r}")
-    if value <= 0:
-        raise FederatedError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -42,12 +43,14 @@ from privacylab.federated.clients import (
     SPLIT_STREAM,
     ClientResult,
     ClientTask,
-    finite_positive,
+    check_rows,
     run_client,
     server_view,
     stream_seed,
     weighted_mean,
+    whole_number,
 )
+from privacylab.federated.local import training_mode
 from privacylab.federated.protocol import (
     ClientDefense,
     FederatedError,
@@ -59,10 +62,12 @@ from privacylab.target import Target
 __all__ = ["Federation", "FederationConfig", "FederationResult", "RoundRecord", "accuracy"]
 
 
-def _whole(name: str, value: object, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise FederatedError(f"{name} must be a whole number >= {low}, got {value!r}")
-    return int(value)
+def _finite_positive(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise FederatedError(f"{name} must be a finite number > 0, got {value!r}")
+    if value <= 0:
+        raise FederatedError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -90,14 +95,17 @@ class FederationConfig:
     workers: int | None = None
 
     def __post_init__(self) -> None:
-        _whole("clients", self.clients)
-        _whole("rounds", self.rounds)
+        def keep(name: str, value: object) -> None:
+            object.__setattr__(self, name, value)
+
+        keep("clients", whole_number("clients", self.clients))
+        keep("rounds", whole_number("rounds", self.rounds))
         if not isinstance(self.training, LocalTraining):
             raise FederatedError(
                 f"training must be a LocalTraining, got {type(self.training).__name__}"
             )
         if self.clients_per_round is not None:
-            _whole("clients_per_round", self.clients_per_round)
+            keep("clients_per_round", whole_number("clients_per_round", self.clients_per_round))
             if self.clients_per_round > self.clients:
                 raise FederatedError(
                     f"clients_per_round ({self.clients_per_round}) exceeds clients ({self.clients})"
@@ -108,23 +116,21 @@ class FederationConfig:
                 raise FederatedError(
                     f"rows_per_client lists {len(rows)} sizes for {self.clients} clients"
                 )
-            object.__setattr__(
-                self, "rows_per_client", tuple(_whole("rows_per_client", r) for r in rows)
-            )
+            keep("rows_per_client", tuple(whole_number("rows_per_client", r) for r in rows))
         elif rows is not None:
-            _whole("rows_per_client", rows)
+            keep("rows_per_client", whole_number("rows_per_client", rows))
         if not isinstance(self.secure_aggregation, bool):
             raise FederatedError(
                 f"secure_aggregation must be True or False, got {self.secure_aggregation!r}"
             )
-        finite_positive("server_lr", self.server_lr)
-        _whole("seed", self.seed, 0)
+        keep("server_lr", _finite_positive("server_lr", self.server_lr))
+        keep("seed", whole_number("seed", self.seed, 0))
         if self.executor not in EXECUTORS:
             raise FederatedError(
                 f"executor must be one of {', '.join(EXECUTORS)}, got {self.executor!r}"
             )
         if self.workers is not None:
-            _whole("workers", self.workers)
+            keep("workers", whole_number("workers", self.workers))
 
     @property
     def per_round(self) -> int:
@@ -217,36 +223,23 @@ class FederationResult:
 
 
 def accuracy(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 1024) -> float:
-    """Share of rows of `x` whose arg-max logit is the label in `y` (model in eval mode for
-    the count, its own mode restored after)."""
-    was_training = model.training
-    model.eval()
+    """Share of rows of `x` whose arg-max logit is the label in `y` (every module in eval mode
+    for the count, each one's own mode restored after)."""
     correct = 0
-    try:
-        with torch.no_grad():
-            for start in range(0, int(x.shape[0]), batch_size):
-                logits = model(x[start : start + batch_size])
-                correct += int((logits.argmax(1) == y[start : start + batch_size]).sum())
-    finally:
-        model.train(was_training)
+    with training_mode(model, False), torch.no_grad():
+        for start in range(0, int(x.shape[0]), batch_size):
+            logits = model(x[start : start + batch_size])
+            correct += int((logits.argmax(1) == y[start : start + batch_size]).sum())
     return correct / max(int(x.shape[0]), 1)
 
 
 def _labelled_rows(x: object, y: object, what: str) -> tuple[Tensor, Tensor]:
-    if not isinstance(x, Tensor) or not isinstance(y, Tensor):
-        raise FederatedError(f"{what} x and y must be torch tensors")
-    if x.ndim < 2 or int(x.shape[0]) < 1:
-        raise FederatedError(f"{what} x must hold n >= 1 rows, got shape {tuple(x.shape)}")
-    if y.ndim != 1 or int(y.shape[0]) != int(x.shape[0]):
+    x, y = check_rows(x, y, what)
+    if y.ndim != 1 or torch.is_floating_point(y) or y.dtype == torch.bool:
         raise FederatedError(
-            f"{what} y must hold one label per row of x ({int(x.shape[0])}), "
-            f"got shape {tuple(y.shape)}"
+            f"{what} y must be integer class labels, got {y.dtype} of shape {tuple(y.shape)}"
         )
-    if not torch.is_floating_point(x) or not bool(torch.isfinite(x).all()):
-        raise FederatedError(f"{what} x must be finite floating-point features")
-    if torch.is_floating_point(y) or y.dtype == torch.bool:
-        raise FederatedError(f"{what} y must be integer class labels, got {y.dtype}")
-    return x.detach(), y.detach().long()
+    return x, y.long()
 
 
 def _digest(tensors: Iterable[tuple[str, Tensor]]) -> str:
@@ -314,16 +307,12 @@ class Federation:
         self._fingerprint = self._make_fingerprint(x, y)
 
     def _output_width(self) -> int:
-        was_training = self._model.training
-        self._model.eval()
         try:
-            with torch.no_grad():
+            with training_mode(self._model, False), torch.no_grad():
                 out = self._model(self._x[:1])
         except Exception as error:
             detail = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise FederatedError(f"the model cannot run on x: {detail}") from None
-        finally:
-            self._model.train(was_training)
         if out.ndim != 2 or int(out.shape[1]) < 2:
             raise FederatedError(f"the model must return (n, classes) logits, got {out.shape}")
         return int(out.shape[1])
@@ -426,12 +415,18 @@ class Federation:
         return [r for r in results if r is not None]
 
     def round(self, r: int) -> list[ObservedUpdate]:
-        """Run round `r` from the current global parameters: the selected clients train
+        """Run round `r` (the next one: rounds run once each, in order, as a DP defence's
+        budget counts them) from the current global parameters: the selected clients train
         locally and apply the defence (randomness seeded by (seed, r, client)), the server
         steps with the example-weighted mean. Returns what the server observed: one
         `ObservedUpdate` per client, or with secure aggregation one aggregate (the
         individual updates are then dropped, kept nowhere)."""
-        r = _whole("round", r)
+        r = whole_number("round", r)
+        if r != self._completed + 1 or r > self.config.rounds:
+            raise FederatedError(
+                f"round {r} cannot run now: rounds run once each, in order, up to "
+                f"{self.config.rounds} (the next is {self._completed + 1})"
+            )
         config = self.config
         state = self.state
         in_process = config.executor == "serial"
@@ -497,7 +492,7 @@ class Federation:
         numbers as an uninterrupted run. `progress`: one line per round on stderr (True),
         nothing (False), or a callable given each `RoundRecord`."""
         started = time.perf_counter()
-        until = self.config.rounds if until is None else _whole("until", until)
+        until = self.config.rounds if until is None else whole_number("until", until)
         if until > self.config.rounds:
             raise FederatedError(f"until ({until}) exceeds the rounds ({self.config.rounds})")
         if (test_x is None) != (test_y is None):
