@@ -147,6 +147,7 @@ def test_run_property_is_reproducible(tmp_path: Path) -> None:
         (("--shadows", "0"), "--shadows must be"),
         (("--epochs", "0"), "epochs"),
         (("--model", "nope"), "nope"),
+        (("--dataset", "mnist5k", "--model", "cnn"), "layer '0' (Conv2d) is not Linear"),
         (("--dataset", "nope"), "nope"),
         (("--widths", "a"), "--widths"),
         (("--device", "tpu"), "device"),
