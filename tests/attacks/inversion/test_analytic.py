@@ -37,9 +37,27 @@ def test_refuses_a_cnn_in_one_line(lenet, pick, make_case):
     assert "\n" not in message and "'0' is Conv2d" in message
 
 
-def test_refuses_a_batch_and_a_bias_free_first_layer(mlp_relu, pick, make_case):
-    case = make_case(mlp_relu, *pick(0, 1))
-    with pytest.raises(InversionError, match="one example"):
+def test_a_batch_is_separated_by_units_one_example_alone_activates(pick, make_case):
+    wide = build_model("mlp", (1, 8, 8), 10, widths=(256,), seed=0)
+    case = make_case(wide, *pick(10, 11, 12, 13))
+    result = run_reconstruction(make_inversion("analytic"), case.target, case.task, case.truth)
+    assert result.params["isolated"] == 4
+    assert min(p["psnr"] for p in result.per_example) >= 60
+    assert result.label_accuracy == 1.0
+    assert result.loss < 1e-5  # the recovered inputs span the first layer's gradient
+
+
+def test_a_batch_through_smooth_units_is_only_mixed(pick, make_case):
+    smooth = build_model("mlp", (1, 8, 8), 10, widths=(256,), activation="sigmoid", seed=0)
+    case = make_case(smooth, *pick(10, 11, 12, 13))
+    result = run_reconstruction(make_inversion("analytic"), case.target, case.task, case.truth)
+    assert result.params["isolated"] == 0  # every sigmoid unit mixes every example
+    assert result.psnr < 20
+
+
+def test_refusals(mlp_relu, pick, make_case):
+    case = make_case(mlp_relu, *pick(0, 1), LocalTraining("fedavg", epochs=1, lr=0.1))
+    with pytest.raises(InversionError, match="FedSGD"):
         make_inversion("analytic").reconstruct(case.target, case.task)
     no_bias = torch.nn.Sequential(
         torch.nn.Flatten(),
@@ -50,3 +68,5 @@ def test_refuses_a_batch_and_a_bias_free_first_layer(mlp_relu, pick, make_case):
     case = make_case(no_bias, *pick(0))
     with pytest.raises(InversionError, match="bias"):
         make_inversion("analytic").reconstruct(case.target, case.task)
+    with pytest.raises(InversionError, match="rtol"):
+        make_inversion("analytic", rtol=0)
