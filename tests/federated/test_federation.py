@@ -27,7 +27,7 @@ from privacylab.federated import (
     local_update,
     observe,
 )
-from privacylab.federated.checkpoint import RECORD_FILE
+from privacylab.federated.checkpoint import RECORD_FILE, WEIGHTS_FILE
 from privacylab.models import build_model
 from privacylab.target import AccessError
 
@@ -153,7 +153,9 @@ class _Tracked:
     def __init__(self) -> None:
         self.sent: list[weakref.ref[Tensor]] = []
 
-    def local_privacy(self, **_: object) -> None:
+    def local_privacy(
+        self, *, training: LocalTraining, examples: int, rounds: int
+    ) -> LocalPrivacy | None:
         return None
 
     def apply(self, update: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]:
@@ -167,7 +169,7 @@ def test_secure_aggregation_keeps_no_individual_update(secure: bool) -> None:
     x, y = _rows(30)
     defense = _Tracked()
     config = FederationConfig(clients=3, secure_aggregation=secure)
-    fed = Federation(_logreg(), x, y, config, defense)  # type: ignore[arg-type]
+    fed = Federation(_logreg(), x, y, config, defense)
     observed = fed.round(1)
     gc.collect()
     alive = [ref() for ref in defense.sent if ref() is not None]
@@ -227,6 +229,10 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, capsys) -> None:
     other = dataclasses.replace(config, seed=12)
     with pytest.raises(FederatedError, match="different federation"):
         Federation(_logreg(), x, y, other, defense).fit(checkpoint=tmp_path)
+    (tmp_path / WEIGHTS_FILE).write_bytes(b"not a checkpoint")
+    with pytest.raises(FederatedError, match="cannot read the federation checkpoint") as info:
+        Federation(_logreg(), x, y, config, defense).fit(checkpoint=tmp_path)
+    assert "\n" not in str(info.value)
 
 
 def test_the_local_executor_gives_the_serial_numbers() -> None:
@@ -321,7 +327,11 @@ def test_observe_splits_in_order_and_leaves_the_model_alone() -> None:
     for o, (lo, hi) in zip(each, [(0, 5), (5, 9)], strict=True):
         sent = local_update(model, before, x[lo:hi], y[lo:hi], training)
         assert all(torch.equal(o.update[k], sent[k]) for k in sent)
-    (only,) = observe(model, x, y, training=training, clients=2, secure_aggregation=True)
+    defense = _Halve()
+    (only,) = observe(model, x, y, training=training, clients=2, secure_aggregation=True, rounds=4)
+    halved = observe(model, x, y, training=training, defense=defense, clients=2, rounds=4)
+    assert sorted(defense.asked) == [(4, 4), (5, 4)] and halved[0].defense == "halve"
+    assert all(torch.allclose(halved[0].update[k], each[0].update[k] / 2) for k in before)
     for k in only.update:
         torch.testing.assert_close(
             only.update[k], (5 * each[0].update[k] + 4 * each[1].update[k]) / 9
