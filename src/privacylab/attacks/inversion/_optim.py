@@ -78,8 +78,8 @@ def match_gradients(
     soft label, when `labels` is None) from the given start: `iterations` L-BFGS iterations
     with a strong-Wolfe line search in `chunks` chunks, stopping early when D is below `tol`
     times the observed update's squared norm (scale-free: a FedAvg delta is lr times smaller
-    than a gradient), when D
-    has not decreased by a relative 1e-4 over `patience` chunks, or when it is not finite."""
+    than a gradient), when D has not decreased by a relative 1e-4 over `patience` chunks, or
+    when it is not finite (then `loss` is NaN and the caller discards the run)."""
     observed = observed_gradients(update, x.device)
     threshold = tol * float(torch.stack([g.pow(2).sum() for g in observed]).sum())
     initial = x.detach().clone()
