@@ -52,6 +52,7 @@ from privacylab.target import Target
 from privacylab.training import TrainConfig, train
 
 __all__ = [
+    "EVALUATORS",
     "INVERSIONS",
     "Evaluator",
     "InversionTarget",
@@ -64,6 +65,9 @@ __all__ = [
 
 INVERSIONS = "model-inversion"
 """Result-store namespace of one inverted class."""
+
+EVALUATORS = "model-inversion-evaluator"
+"""Result-store namespace of the evaluator's facts (architecture, seed, accuracy)."""
 
 STORE_VERSION = 1
 """Part of every store key: bump when a stored row's meaning changes."""
@@ -250,11 +254,14 @@ def inversion_rows(
     device: str = "cpu",
     cache: str | Path | None = None,
     progress: Progress | None = None,
-) -> tuple[InversionTarget, Evaluator, list[dict[str, Any]], dict[int, np.ndarray], torch.Tensor]:
+) -> tuple[
+    InversionTarget, dict[str, Any], list[dict[str, Any]], dict[int, np.ndarray], torch.Tensor
+]:
     """Invert each class (all when `classes` is None) of the model at `target`, one class at a
     time, each row (the `ModelInversionResult` class row with `queries`, `seconds` and the
     image) written to the store in `cache` as it finishes and served from it when present.
-    Returns the target, the evaluator, the rows, the images and the class means."""
+    The evaluator is trained only when a class has to be computed; its facts are stored too.
+    Returns the target, the evaluator's facts, the rows, the images and the class means."""
     cls = inversion_class(method, "model")
     method = cls.name
     options = _check_options(method, options)
@@ -266,22 +273,38 @@ def inversion_rows(
     )
     chosen = task.chosen()
     architecture = evaluator_architecture(victim.spec.name, victim.spec.input_shape)
-    if progress:
-        progress(f"inversion: training the evaluator ({architecture})", 0, len(chosen))
-    evaluator = train_evaluator(
-        victim.data,
-        victim.test_rows,
-        architecture,
-        victim.seed + 1,
-        held_out=victim.train_rows,
-        device=device,
+    evaluator_seed = victim.seed + 1
+    evaluator_key = config_key(
+        {
+            "version": STORE_VERSION,
+            "target": victim.digest,
+            "evaluator": [architecture, evaluator_seed, EVALUATOR_TRAINING],
+        }
     )
     means = _class_means(victim.data, victim.test_rows)
-    truth = InversionTruth(evaluator.model, means)
     folder = Path(cache if cache is not None else victim.folder / "inversion-cache").expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     images: dict[int, np.ndarray] = {}
+    trained: list[InversionTruth] = []
+
+    def truth(store: ResultStore) -> InversionTruth:
+        """The evaluator, trained on first need (not at all when every class is stored)."""
+        if not trained:
+            if progress:
+                progress(f"inversion: training the evaluator ({architecture})", 0, len(chosen))
+            evaluator = train_evaluator(
+                victim.data,
+                victim.test_rows,
+                architecture,
+                evaluator_seed,
+                held_out=victim.train_rows,
+                device=device,
+            )
+            store.put(EVALUATORS, evaluator_key, _clean(evaluator.facts()))
+            trained.append(InversionTruth(evaluator.model, means))
+        return trained[0]
+
     with ResultStore(folder / "store.sqlite") as store:
         for i, label in enumerate(chosen):
             key = config_key(
@@ -292,7 +315,7 @@ def inversion_rows(
                     "options": _clean(options),
                     "class": label,
                     "seed": seed,
-                    "evaluator": [architecture, victim.seed + 1, EVALUATOR_TRAINING],
+                    "evaluator": evaluator_key,
                 }
             )
             stored = store.get(INVERSIONS, key)
@@ -308,7 +331,7 @@ def inversion_rows(
                 )
                 torch.manual_seed(seed)
                 result = run_model_inversion(
-                    make_inversion(method, **options), root_target, one, truth
+                    make_inversion(method, **options), root_target, one, truth(store)
                 )
                 row = {
                     **result.classes[0],
@@ -328,9 +351,13 @@ def inversion_rows(
             image = np.asarray(row.pop("image"), dtype=np.float32).reshape(task.input_shape)
             images[label] = image
             rows.append({**row, "from_store": from_store})
+        facts = store.get(EVALUATORS, evaluator_key)
+        if facts is None:  # every class stored by an older store version: train it again
+            truth(store)
+            facts = store.get(EVALUATORS, evaluator_key)
     if progress:
         progress("inversion", len(chosen), len(chosen))
-    return victim, evaluator, rows, images, means
+    return victim, dict(facts or {}), rows, images, means
 
 
 def run_inversion(
@@ -373,7 +400,7 @@ def run_inversion(
         "queries": int(sum(int(r.get("queries") or 0) for r in rows)),
         "attack_seconds": float(sum(float(r.get("seconds") or 0.0) for r in rows)),
         "target": victim.facts(),
-        "evaluator": evaluator.facts(),
+        "evaluator": evaluator,
         "classes": rows,
         "images": {},
     }
@@ -408,10 +435,12 @@ def run_inversion(
         ),
         "model_inversion": _clean(section),
         "notes": [
-            f"The evaluator ({evaluator.architecture}, seed {evaluator.seed}) was trained on "
-            f"the {evaluator.rows} test rows of {victim.data.name}, which the target never "
-            "trained on; the class means are taken over the same rows. It labels the target's "
-            f"own training rows correctly {evaluator.accuracy_on_target_train:.1%} of the time.",
+            f"The evaluator ({evaluator.get('architecture')}, seed {evaluator.get('seed')}) was "
+            f"trained on the {evaluator.get('rows')} test rows of {victim.data.name}, which the "
+            "target never trained on; the class means are taken over the same rows. It labels "
+            "the target's own training rows correctly "
+            f"{float(evaluator.get('accuracy_on_target_train_rows') or float('nan')):.1%} of "
+            "the time.",
         ],
     }
     payload["seconds"] = time.perf_counter() - start
