@@ -18,7 +18,22 @@ rows (digits: the largest of at most 200 that fits, 170).
 
 Prints a table (or one JSON object with `--json`) with the ratio ours/peer of accuracy and AUC
 (white-box against the better naive peer, by AUC). Progress goes to stderr.
-"""
+
+Measured (CPU, one thread, a loaded 2-core machine; seed 0; 32 shadows per world, 40 targets;
+about 4 minutes from an empty cache, 2.3 minutes with the models stored), accuracy / AUC:
+
+    dataset  property                white-box    black-box    naive-flat   naive-sorted  ours/peer acc, AUC
+    digits   class-share:0:0.1:0.5   1.000/1.000  1.000/1.000  0.850/0.965  0.825/0.990   x1.21, x1.01
+    digits   class-share:0:0.1:0.25  0.925/0.992  0.900/0.992  0.650/0.728  0.675/0.712   x1.42, x1.36
+    digits   row-parity (control)    0.575/0.595  0.450/0.510  0.525/0.505  0.500/0.448   (p = 0.43, 0.64)
+    mnist5k  class-share:0:0.1:0.5   1.000/1.000  0.950/0.995  0.800/0.932  0.850/0.965   x1.18, x1.04
+    mnist5k  class-share:0:0.1:0.25  0.800/0.907  0.700/0.760  0.600/0.555  0.625/0.655   x1.28, x1.39
+    mnist5k  row-parity (control)    0.525/0.537  0.575/0.535  0.300/0.265  0.600/0.583   (p = 0.88, 0.43)
+
+The black-box attack sends 64 queries per target (2,560 per row); the white-box one none.
+On the control the p-values are the binomial test of our two methods' correct counts against
+1/2: all stay at chance (the peer's 0.300 on mnist5k is a 12/40 draw, p = 0.02, below chance).
+"""  # noqa: E501
 
 from __future__ import annotations
 
