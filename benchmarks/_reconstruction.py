@@ -31,7 +31,7 @@ import os
 import sys
 import time
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -312,12 +312,20 @@ def breaching_attack(
 ) -> dict[str, Any]:
     """breaching's attack config `name` ("deepleakage", "invertinggradients", ...) on a FedSGD
     `update` of `model`, images in [0, 1] (no normalisation: mean 0, std 1), `labels` given
-    (or None: the config's label strategy / joint optimisation). Returns x, labels, seconds."""
+    (or None: the config's label strategy / joint optimisation). Its RGB-only total variation
+    is set to the images' channel count (same filters). Returns x, labels, seconds."""
     attacks = breaching_module()
     cfg = breaching_config(name, overrides)
     names = [n for n, _ in model.named_parameters()]
     setup = {"dtype": torch.float, "device": torch.device("cpu")}
     attacker = attacks.prepare_attack(model, torch.nn.CrossEntropyLoss(), cfg, setup)
+    channels = int(shape[1])
+    for regularizer in getattr(attacker, "regularizers", []):
+        # breaching's TotalVariation is written for RGB (a grouped conv with groups=3); for
+        # other channel counts the same difference filters are kept, one pair per channel.
+        if type(regularizer).__name__ == "TotalVariation" and not regularizer.double_opponents:
+            regularizer.groups = channels
+            regularizer.weight = regularizer.weight[: 2 * channels]
     meta = _Meta(shape=tuple(shape[1:]), modality="vision", task="classification",
                  classes=NUM_CLASSES)  # fmt: skip
     payload = [{"parameters": [update.state[n] for n in names], "buffers": None, "metadata": meta}]
@@ -343,17 +351,70 @@ def breaching_attack(
 
 
 # ---------------------------------------------------------------------------------------------
-# output
+# durable results and output
 
 
-def mean(values: Iterable[float]) -> float:
-    vals = [float(v) for v in values]
+def clean(value: Any) -> Any:
+    """`value` with NaN/inf floats as None and tensors/numpy scalars as Python values (JSON)."""
+    if isinstance(value, dict):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean(v) for v in value]
+    if isinstance(value, Tensor):
+        return clean(value.tolist())
+    if isinstance(value, np.generic):
+        return clean(value.item())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def cached(
+    store: Any, namespace: str, config: dict[str, Any], compute: Callable[[], dict[str, Any]]
+) -> dict[str, Any]:
+    """`compute()` once per `config` in `store` (a `privacylab.execution.store.ResultStore`, or
+    None: no cache): a re-run after a kill resumes where it stopped."""
+    if store is None:
+        return clean(compute())
+    from privacylab.execution.store import config_key
+
+    key = config_key(clean(config))
+    found = store.get(namespace, key)
+    if found is not None:
+        return found
+    value = clean(compute())
+    store.put(namespace, key, value)
+    return value
+
+
+def result_row(result: ReconstructionResult) -> dict[str, Any]:
+    """The numbers of one of our reconstructions kept by the benchmarks."""
+    return {
+        "psnr": result.psnr,
+        "ssim": result.ssim,
+        "mse": result.mse,
+        "label_accuracy": result.label_accuracy,
+        "baseline_psnr": result.baseline_psnr,
+        "seconds": result.seconds,
+        "queries": result.queries,
+        "loss": result.loss,
+    }
+
+
+def num(value: Any) -> float:
+    """A stored number back as a float (None: NaN)."""
+    return math.nan if value is None else float(value)
+
+
+def mean(values: Iterable[Any]) -> float:
+    """Mean of the finite values (None and NaN skipped), NaN if none."""
+    vals = [float(v) for v in values if v is not None and math.isfinite(float(v))]
     return float(np.mean(vals)) if vals else math.nan
 
 
 def success(psnr_values: Iterable[float], threshold: float) -> float:
     """Share of reconstructions with PSNR above `threshold` dB."""
-    vals = [float(v) for v in psnr_values]
+    vals = [math.nan if v is None else float(v) for v in psnr_values]
     return float(np.mean([v > threshold for v in vals])) if vals else math.nan
 
 
@@ -389,15 +450,19 @@ __all__ = [
     "attack",
     "breaching_attack",
     "breaching_status",
+    "cached",
+    "clean",
     "emit",
     "fmt",
     "log",
     "mean",
     "mnist",
+    "num",
     "original_dlg",
     "pick_rows",
     "plain_update",
     "ratio",
+    "result_row",
     "scores",
     "sigmoid_lenet",
     "success",
