@@ -33,7 +33,12 @@ from privacylab.reconstruct import (
 )
 from privacylab.report.html import render_html
 from privacylab.report.plots import PNG_SIGNATURE
-from privacylab.report.reconstruction import reconstruction_images, run_arrays, run_labels
+from privacylab.report.reconstruction import (
+    grid_plot,
+    reconstruction_images,
+    run_arrays,
+    run_labels,
+)
 
 FAST = {"iterations": 20}
 LEAK = {"iterations": 100}
@@ -195,15 +200,16 @@ Pictures = tuple[list[dict[str, Any]], dict[str, Any], dict[str, bytes]]
 
 
 def _row(psnr: float, defense: str, order: list[int]) -> dict[str, object]:
-    truth = np.linspace(0, 1, 2 * 64).reshape(2, 1, 8, 8)
+    n = len(order)
+    truth = np.linspace(0, 1, n * 64).reshape(n, 1, 8, 8)
     rec = truth[order] * 0.5
     return {
         "method": "ig",
         "defense": defense,
         "dataset": "digits",
         "model": "lenet-sigmoid",
-        "examples": [0, 1],
-        "batch_size": 2,
+        "examples": list(range(n)),
+        "batch_size": n,
         "psnr": psnr,
         "ssim": 0.5,
         "mse": 0.01,
@@ -211,13 +217,13 @@ def _row(psnr: float, defense: str, order: list[int]) -> dict[str, object]:
         "baseline_psnr": 5.0,
         "bounds": [0.0, 1.0],
         "order": order,
-        "per_example": [{"psnr": psnr, "ssim": 0.5, "mse": 0.01}] * 2,
+        "per_example": [{"psnr": psnr, "ssim": 0.5, "mse": 0.01}] * n,
         "history": [[0, 1.0], [1, 0.5]],
         "images": {
-            "shape": [2, 1, 8, 8],
+            "shape": [n, 1, 8, 8],
             "truth": truth.reshape(-1).tolist(),
             "reconstruction": rec.reshape(-1).tolist(),
-            "true_labels": [3, 4],
+            "true_labels": list(range(n)),
         },
     }
 
@@ -241,6 +247,15 @@ def test_pictures_pair_each_reconstruction_with_its_truth(pictures: Pictures) ->
     assert names["grid"] in files and names["objective"] in files
     assert all(p in files for p in names["pairs"])
     assert all(content.startswith(PNG_SIGNATURE) for content in files.values())
+
+
+def test_grid_has_a_row_per_run_or_for_one_or_two_examples_a_column() -> None:
+    wide = grid_plot([_row(31.0, "none", [0, 1]), _row(8.0, "noise:0.1", [1, 0])])
+    assert len(wide.axes) == 6
+    assert [ax.get_title() for ax in wide.axes[:3]] == ["truth", "none", "noise:0.1"]
+    tall = grid_plot([_row(31.0, "none", [0, 1, 2]), _row(8.0, "fp16", [2, 1, 0])])
+    assert len(tall.axes) == 9
+    assert [tall.axes[3 * r].get_ylabel() for r in range(3)] == ["truth", "none", "fp16"]
 
 
 def test_section_states_the_baseline_and_links_the_pictures(

@@ -381,7 +381,7 @@ def prepare(config: GradientConfig) -> GradientCase:
         num_classes=data.num_classes,
         update=0,
         bounds=(0.0, 1.0),
-        labels=y.clone() if config.labels_known else None,
+        labels=y.to(device) if config.labels_known else None,
         local_training=training,
         seed=config.seed,
     )

@@ -124,7 +124,12 @@ def attack_gradients_command(
         ),
     ] = None,
     method: Annotated[
-        str, typer.Option("--method", help="dlg, idlg, ig or analytic (registered attacks).")
+        str,
+        typer.Option(
+            "--method",
+            help="dlg, idlg, ig or analytic (registered attacks); with --local-steps > 1, dlg "
+            "and idlg run their -fedavg variants, which replay the local steps.",
+        ),
     ] = "dlg",
     batch_size: Annotated[
         int, typer.Option("--batch-size", help="Rows each client holds (B >= 1).")

@@ -168,37 +168,49 @@ def _same_examples(rows: Sequence[Mapping[str, Any]]) -> list[int]:
 
 
 def grid_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
-    """The grid over defences and strengths: the true images on top, then one row per run
+    """The grid over defences and strengths: the true images, then one row per run
     (labelled by what differs between runs) of reconstructions paired with them, PSNR under
-    each. Runs on other examples than the first are left out (their pairs pictures show
-    them)."""
+    each; for one or two examples the grid is laid out across (a column per run, as Zhu et
+    al. 2019, Fig. 8). Runs on other examples than the first are left out (their pairs
+    pictures show them)."""
     kept = _same_examples(rows)
     if not kept:
         raise ValueError("no run holds pictures")
-    labels = run_labels([rows[i] for i in kept])
+    labels = ["truth", *run_labels([rows[i] for i in kept])]
     first = run_arrays(rows[kept[0]])
     assert first is not None
-    truth = first[0]
-    n = min(len(truth), MAX_COLUMNS)
-    height = CELL_IN * (len(kept) + 1) + 0.8
-    fig = Figure(figsize=(max(3.0, CELL_IN * n + 1.8), height), layout="constrained")
-    axes = np.asarray(fig.subplots(len(kept) + 1, n, squeeze=False))
-    for j in range(n):
-        _show(axes[0, j], truth[j])
-    axes[0, 0].set_ylabel("truth", fontsize=FONT_PT - 1, rotation=0, ha="right", va="center")
-    for r, (i, label) in enumerate(zip(kept, labels, strict=True), start=1):
+    n = min(len(first[0]), MAX_COLUMNS)
+    cells: list[list[tuple[np.ndarray, str]]] = [[(first[0][j], "") for j in range(n)]]
+    for i in kept:
         arrays = run_arrays(rows[i])
         assert arrays is not None
         _, rec, scores = arrays
+        line = []
         for j in range(n):
-            _show(axes[r, j], rec[j])
             p = number(scores[j].get("psnr")) if j < len(scores) else None
-            if p is not None:
-                axes[r, j].set_xlabel(f"{p:.1f} dB", fontsize=8, labelpad=1)
-        axes[r, 0].set_ylabel(label, fontsize=FONT_PT - 1, rotation=0, ha="right", va="center")
-    fig.suptitle(
-        "Reconstructions per run (rows) and example (columns); PSNR under each", fontsize=FONT_PT
+            line.append((rec[j], "" if p is None else f"{p:.1f} dB"))
+        cells.append(line)
+    across = n <= 2 and len(cells) > n
+    grid = [list(c) for c in zip(*cells, strict=True)] if across else cells
+    height, width = len(grid), len(grid[0])
+    fig = Figure(
+        figsize=(max(3.0, CELL_IN * width + (0.4 if across else 1.8)), CELL_IN * height + 0.9),
+        layout="constrained",
     )
+    axes = np.asarray(fig.subplots(height, width, squeeze=False))
+    for r in range(height):
+        for c in range(width):
+            image, caption = grid[r][c]
+            _show(axes[r, c], image)
+            if caption:
+                axes[r, c].set_xlabel(caption, fontsize=8, labelpad=1)
+    if across:
+        for c, label in enumerate(labels):
+            axes[0, c].set_title(label, fontsize=FONT_PT - 2)
+    else:
+        for r, label in enumerate(labels):
+            axes[r, 0].set_ylabel(label, fontsize=FONT_PT - 1, rotation=0, ha="right", va="center")
+    fig.suptitle("Reconstruction per run; PSNR under each", fontsize=FONT_PT)
     return fig
 
 

@@ -87,9 +87,12 @@ def _cell(key: str, value: Any) -> str:
 
 
 def _table(rows: list[Mapping[str, Any]], labels: list[str]) -> str:
-    columns = [c for c in RUN_COLUMNS if c[0] != "federated_accuracy"]
-    if any(number(r.get("federated_accuracy")) is not None for r in rows):
-        columns = list(RUN_COLUMNS)
+    hidden = set()
+    if not any(number(r.get("federated_accuracy")) is not None for r in rows):
+        hidden.add("federated_accuracy")
+    if all(label == str(r.get("defense")) for r, label in zip(rows, labels, strict=True)):
+        hidden.add("label")
+    columns = [c for c in RUN_COLUMNS if c[0] not in hidden]
     head = "".join(
         f'<th class="{"text" if k in _TEXT else "num"}" title="{e(tip)}" scope="col">{e(name)}</th>'
         for k, name, tip in columns
@@ -185,17 +188,16 @@ figure.gradient-wide img { max-width: 100%; }
             folder,
             images.get("grid"),
             "Grid of reconstructions: one row per run, one column per example",
-            "Ground truth (top) and each run's reconstructions, PSNR under each: "
-            + "; ".join(labels),
+            "Ground truth and each run's reconstructions, PSNR under each: " + "; ".join(labels),
             "gradient-wide",
         )
         if grid:
             parts += ["<h3>Defences and strengths</h3>", grid]
         shown = [(p, lab, r) for p, lab, r in zip(pairs, labels, rows, strict=False) if p]
         if shown:
-            parts.append("<h3>Ground truth beside each reconstruction</h3>")
+            pictures = []
             for name, label, row in shown:
-                parts.append(
+                pictures.append(
                     figure(
                         folder,
                         name,
@@ -207,6 +209,12 @@ figure.gradient-wide img { max-width: 100%; }
                         "gradient-wide",
                     )
                 )
+            heading = "Ground truth beside each reconstruction (PSNR and SSIM per image)"
+            if grid:  # the grid already shows every run: the pairs fold away
+                parts.append(f"<details><summary>{e(heading)}</summary>")
+                parts += [*pictures, "</details>"]
+            else:
+                parts += [f"<h3>{e(heading)}</h3>", *pictures]
         objective = figure(
             folder,
             images.get("objective"),
