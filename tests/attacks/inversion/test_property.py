@@ -39,6 +39,10 @@ TRAINING = {"epochs": 8, "batch_size": 32, "lr": 0.05, "optimizer": "momentum"}
 SIZE = 120
 
 
+FAST = {"property-whitebox": {"epochs": 150, "lr": 2e-2}, "property-blackbox": {}}
+"""Fewer meta-classifier epochs than the default (300), to keep the tests quick."""
+
+
 @dataclass
 class Case:
     task: PropertyTask
@@ -82,7 +86,10 @@ def test_registered_by_kind() -> None:
 @pytest.mark.parametrize("method", ["property-whitebox", "property-blackbox"])
 def test_class_share_well_above_chance(class_share: Case, method: str) -> None:
     result = run_property_inference(
-        make_inversion(method), class_share.targets, class_share.worlds, class_share.task
+        make_inversion(method, **FAST[method]),
+        class_share.targets,
+        class_share.worlds,
+        class_share.task,
     )
     assert result.chance == 0.5
     assert result.accuracy >= 5 / 6
@@ -100,7 +107,7 @@ def test_class_share_well_above_chance(class_share: Case, method: str) -> None:
 @pytest.mark.parametrize("method", ["property-whitebox", "property-blackbox"])
 def test_control_property_stays_near_chance(control: Case, method: str) -> None:
     result = run_property_inference(
-        make_inversion(method), control.targets, control.worlds, control.task
+        make_inversion(method, **FAST[method]), control.targets, control.worlds, control.task
     )
     n = len(control.targets)
     correct = round(result.accuracy * n)
