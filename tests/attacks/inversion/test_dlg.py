@@ -118,6 +118,15 @@ def test_large_batch_warns(lenet, digits, make_case):
     assert "at most 8" in rec.params["warning"]
 
 
+def test_wrong_input_shape_is_one_line(lenet, pick, make_case):
+    case = make_case(lenet, *pick(0))
+    case.task.input_shape = (1, 8)
+    with pytest.raises(InversionError) as info:
+        run_reconstruction(make_inversion("idlg"), case.target, case.task, case.truth)
+    assert str(info.value).startswith("idlg: the model cannot replay")
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("options", "word"),
     [({"iterations": 0}, "iterations"), ({"restarts": 1.5}, "restarts"), ({"tol": -1}, "tol")],

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from privacylab.attacks.inversion.base import replay
+from privacylab.attacks.inversion.base import InversionError, replay
 from privacylab.federated import LocalTraining, ObservedUpdate
 
 __all__ = ["MatchRun", "match_gradients", "observed_gradients"]
@@ -73,13 +73,15 @@ def match_gradients(
     tol: float = 1e-9,
     chunks: int = 10,
     patience: int = 2,
+    name: str = "dlg",
 ) -> MatchRun:
     """Minimise D over the dummy batch `x` (and the dummy `label_logits`, whose softmax is the
     soft label, when `labels` is None) from the given start: `iterations` L-BFGS iterations
     with a strong-Wolfe line search in `chunks` chunks, stopping early when D is below `tol`
     times the observed update's squared norm (scale-free: a FedAvg delta is lr times smaller
     than a gradient), when D has not decreased by a relative 1e-4 over `patience` chunks, or
-    when it is not finite (then `loss` is NaN and the caller discards the run)."""
+    when it is not finite (then `loss` is NaN and the caller discards the run). A model that
+    cannot take `x` is refused in one line naming the attack (`name`)."""
     observed = observed_gradients(update, x.device)
     threshold = tol * float(torch.stack([g.pow(2).sum() for g in observed]).sum())
     initial = x.detach().clone()
@@ -118,8 +120,17 @@ def match_gradients(
     best = math.inf
     stalled = 0
     group = optimizer.param_groups[0]
+    try:
+        first: Tensor | None = objective()
+    except RuntimeError as error:
+        reason = (str(error).strip().splitlines() or ["failed"])[0]
+        raise InversionError(
+            f"{name}: the model cannot replay the update on inputs of shape "
+            f"{tuple(dummy.shape)}: {reason}"
+        ) from None
     while True:
-        value = float(objective().detach())
+        value = float((first if first is not None else objective()).detach())
+        first = None
         run.evaluations += 1
         if not math.isfinite(value) or not bool(torch.isfinite(dummy).all()):
             run.iterations = done

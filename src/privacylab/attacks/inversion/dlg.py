@@ -123,6 +123,7 @@ class DLG(GradientAttack):
                     labels=labels,
                     iterations=self.iterations,
                     tol=self.tol,
+                    name=self.name,
                 )
             )
         finite = [i for i, run in enumerate(runs) if run.finite]
