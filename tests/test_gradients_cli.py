@@ -72,7 +72,8 @@ def test_local_steps_and_clients_reach_the_run() -> None:
     out = run_json("--method", "ig", "--batch-size", "2", "--local-steps", "2", *FAST)
     assert out["local_steps"] == 2 and out["training"]["algorithm"] == "fedavg"
     out = run_json("--method", "ig", "--clients", "2", *FAST)
-    assert out["clients"] == 2 and out["batch_size"] == 2 and out["secure_aggregation"]
+    assert out["clients"] == 2 and out["secure_aggregation"]
+    assert out["batch_size"] == 2 and out["client_batch_size"] == 1  # the update's 2 rows
 
 
 @pytest.mark.parametrize(

@@ -397,6 +397,7 @@ def prepare(config: GradientConfig) -> GradientCase:
         "examples": list(examples),
         "dataset_rows": [int(r) for r in rows],
         "clients": config.clients,
+        "client_batch_size": config.batch_size,
         "secure_aggregation": config.clients > 1,
         "update_examples": int(x.shape[0]),
         "local_steps": config.local_steps,

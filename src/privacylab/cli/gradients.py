@@ -33,7 +33,7 @@ from privacylab.errors import PrivacylabError
 SUMMARY = (
     ("method", "method"),
     ("defense", "defence"),
-    ("batch_size", "batch"),
+    ("batch_size", "rows"),
     ("local_steps", "local steps"),
     ("clients", "clients"),
     ("psnr", "PSNR (dB)"),

@@ -29,7 +29,11 @@ RUN_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("label", "run", "what differs between the runs"),
     ("method", "method", "the gradient-inversion attack"),
     ("defense", "defence", "the update defence every client applied"),
-    ("batch_size", "batch", "rows behind the attacked update"),
+    (
+        "batch_size",
+        "rows",
+        "rows behind the attacked update (all clients' under secure aggregation)",
+    ),
     ("local_steps", "local steps", "1: FedSGD (one gradient); more: FedAvg local epochs"),
     ("clients", "clients", "clients under secure aggregation (1: the update of one client)"),
     ("psnr", "PSNR (dB)", "mean peak signal-to-noise ratio of the matched reconstructions"),
