@@ -107,10 +107,11 @@ def test_dlg_on_a_fedavg_update_runs_its_fedavg_variant() -> None:
 
 def test_out_writes_the_report_with_pictures(tmp_path: Path) -> None:
     out = tmp_path / "report"
-    result = invoke("--method", "ig", "--defense", "none,noise:1e-1", *FAST, "--out", str(out))
+    result = invoke("--method", "ig", "--defense", "none,dp:4", *FAST, "--out", str(out))
     assert result.exit_code == 0, result.stderr
     page = (out / "index.html").read_text()
     assert 'id="gradient-inversion"' in page and "Dummy-initialisation baseline" in page
+    assert "dp:4: ε = 4.000 at δ = 1.0e-05 (pld accountant)" in page
     payload = json.loads((out / "results.json").read_text())
     images = payload["reconstruction"]["images"]
     pictures = [images["grid"], images["objective"], *images["pairs"]]

@@ -115,8 +115,10 @@ class GradientConfig:
     `dataset`: "digits" or "mnist5k" (None: digits; with `target`, the saved model's dataset).
     `model`: "lenet-sigmoid", "mlp" or "cnn" (None: lenet-sigmoid; ignored with `target`).
     `method`: a registered gradient attack (`inversion_names("gradients")`). `batch_size`: the
-    B rows each client holds. `examples`: indices into the dataset's training part, B per
-    client in client order (None: B * `clients` seeded random rows). `local_steps`: 1 is FedSGD
+    B rows each client holds. `examples`: indices into the dataset's training part (the
+    canonical cut, `train_test_indices` with seed 0 for digits, which has none; a saved
+    target's own training cut), B per client in client order (None: B * `clients` seeded
+    random rows). `local_steps`: 1 is FedSGD
     (one gradient); S > 1 is FedAvg with S local epochs over the client's rows in local batches
     of `local_batch_size` (None: all B rows in one batch) with step `local_lr`. `defense`: the
     update defence each client applies (`noise:1e-2`, `prune:0.2`, `fp16`, `int8`, `dp:EPS`,
@@ -390,9 +392,7 @@ def prepare(config: GradientConfig) -> GradientCase:
         "dataset": data.name,
         "model": config.model_name() if config.target is None else source.model_facts["name"],
         "architecture": source.model_facts.get("name"),
-        "model_options": {
-            k: v for k, v in source.model_facts.items() if k not in ("name", "target")
-        },
+        "model_options": {k: v for k, v in source.model_facts.items() if k != "name"},
         "target": config.target,
         "examples": list(examples),
         "dataset_rows": [int(r) for r in rows],

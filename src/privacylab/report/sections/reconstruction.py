@@ -156,6 +156,34 @@ def _summary(rows: list[Mapping[str, Any]], labels: list[str]) -> str:
     return f'<p class="note">{e(" ".join(said))}</p>'
 
 
+def _privacy(rows: list[Mapping[str, Any]]) -> str:
+    """One line per distinct DP-SGD defence: its ε with δ and the accountant, σ and clip."""
+    lines = []
+    seen = set()
+    for row in rows:
+        facts = row.get("defense_facts")
+        if not isinstance(facts, Mapping) or number(facts.get("epsilon")) is None:
+            continue
+        spec = str(facts.get("spec") or row.get("defense"))
+        if spec in seen:
+            continue
+        seen.add(spec)
+        delta = number(facts.get("delta"))
+        sigma = number(facts.get("sigma"))
+        lines.append(
+            f"{spec}: ε = {fmt(facts.get('epsilon'), 3)}"
+            + (f" at δ = {delta:.1e}" if delta is not None else "")
+            + f" ({facts.get('accountant') or MISSING} accountant)"
+            + (f", noise multiplier σ = {sigma:.3g}" if sigma is not None else "")
+            + f", clip {fmt(facts.get('clip'), 3)}, {fmt_int(facts.get('steps'))} local step(s)"
+            + (f"; sampling: {facts.get('sampling')}" if facts.get("sampling") else "")
+        )
+    if not lines:
+        return ""
+    items = "".join(f"<li>{e(line)}</li>" for line in lines)
+    return f'<p class="small">DP-SGD inside the clients:</p><ul class="small">{items}</ul>'
+
+
 @register_section
 class GradientInversionSection:
     """Gradient inversion: pictures of truth beside reconstruction, the grid over defences,
@@ -187,6 +215,7 @@ figure.gradient-wide img { max-width: 100%; }
             f'<p class="meta">{e(_facts(rows))}</p>' if rows else "",
             f'<p class="small">{e(READING_GUIDE)}</p>',
             _summary(rows, labels),
+            _privacy(rows),
         ]
         grid = figure(
             folder,
