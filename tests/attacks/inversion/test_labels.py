@@ -67,14 +67,16 @@ def test_batch_counts_are_exact(request, digits, observe, model_name, labels):
     assert recovered.tolist() == sorted(labels)
 
 
-def test_fedavg_single_step_is_exact_and_needs_the_procedure(lenet, digits, observe):
+@pytest.mark.parametrize("epochs", [1, 5])
+def test_fedavg_counts_need_the_procedure(lenet, digits, observe, epochs):
     x, y = digits
-    index = torch.tensor(_rows(3, 6, len(y)))
-    training = LocalTraining("fedavg", epochs=1, lr=0.05)
-    update = observe(lenet, x[index], y[index], training)
-    assert recover_labels(update, lenet, 6, NUM_CLASSES) is None
-    labels = recover_labels(update, lenet, 6, NUM_CLASSES, training=training)
-    assert labels.tolist() == sorted(y[index].tolist())
+    training = LocalTraining("fedavg", epochs=epochs, lr=0.1)
+    for seed in range(4):
+        index = torch.tensor(_rows(seed, 8, len(y)))
+        update = observe(lenet, x[index], y[index], training)
+        assert recover_labels(update, lenet, 8, NUM_CLASSES) is None
+        labels = recover_labels(update, lenet, 8, NUM_CLASSES, training=training)
+        assert labels.tolist() == sorted(y[index].tolist())
 
 
 def test_refusals(digits, observe):

@@ -21,9 +21,13 @@ in every class, which holds for untrained and early-round models on small batche
 regime of these attacks; measured in the tests, also with B larger than the number of
 classes and repeated labels); it degrades as features spread or B grows.
 
-A FedAvg update is w_0 - w_T = lr * (sum of the local steps' gradients): it is divided by
-lr * steps (needs the local procedure) and the same rule is applied, an approximation that is
-exact only for a single local step.
+A FedAvg update is w_0 - w_T = lr * (sum of the local steps' gradients): divided by
+lr * steps (needs the local procedure) it is the mean over the steps of m_t - n_t / b, whose
+counts add up to the same B (m̄ - ḡ) with m̄ the mean softmax over the local trajectory; m̄ is
+estimated as above at the midpoint weights w_0 - (w_0 - w_T) / 2 (the trajectory's mean to
+first order). An approximation, exact in the limit of a single step; measured on a
+U(-0.5, 0.5) LeNet (lr 0.1, batches of 8): exact on 20 of 20 batches after 5 full-batch epochs
+(0 of 20 with the start weights), 10 of 20 with local batches of 2.
 """
 
 from __future__ import annotations
@@ -108,7 +112,8 @@ def recover_labels(
     `training`). One example: the iDLG rule (Zhao et al. 2020, Sec. 3), exact for any
     activation. A batch: counts n = B (m - g) from the bias gradient g (Geng et al. 2021;
     Wainakh et al. 2022) with the mean softmax m estimated from the update (module
-    docstring), exact while that estimate is within 1 / (2B)."""
+    docstring), exact while that estimate is within 1 / (2B); on a FedAvg update, an
+    approximation (module docstring)."""
     if isinstance(batch_size, bool) or int(batch_size) < 1:
         raise InversionError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
     batch_size = int(batch_size)
@@ -130,6 +135,9 @@ def recover_labels(
     grad_w, grad_b = grads
     weight = update.state[weight_key].detach().double()
     bias = update.state[bias_key].detach().double()
+    if update.training.algorithm != "fedsgd":
+        weight = weight - update.update[weight_key].detach().double() / 2
+        bias = bias - update.update[bias_key].detach().double() / 2
     norm = float(grad_b @ grad_b)
     if norm > 0:
         features = grad_w.T @ grad_b / norm
