@@ -3,20 +3,22 @@ and against the number of local FedAvg steps, a plot of both curves and a pictur
 reconstructions, with breaching's IG as the peer on the batch-size curve when it can run.
 
     python benchmarks/ig_batch_steps.py [--json] [--quick] [--plot PATH] [--grid PATH]
-        [--batches 1 2 4 8 16 32] [--steps 1 2 5] [--steps-batch 4] [--iterations 1000]
-        [--restarts 2] [--epochs 2] [--seed 0]
+        [--batches 1 2 4 8 16 32] [--steps 1 2 5] [--steps-batch 1] [--iterations 1000]
+        [--restarts 2] [--tv 0.05] [--epochs 2] [--no-peer] [--seed 0]
 
 Model: mnist5k's `cnn` with ReLU (Papernot et al.'s conv 16 8x8 / conv 32 4x4 / linear 32),
 trained ``--epochs`` epochs on the 4,000 training rows by privacylab's trainer (its test
 accuracy is printed), so the attack faces a trained model, as Geiping et al. stress. One
 client, labels known (their main setting; `GradientTask.labels`), our ``ig`` through
 `run_reconstruction` at its defaults (cosine distance + TV, signed Adam with step decay, box
-[0, 1]) except ``--iterations`` and ``--restarts`` (best restart by gradient loss).
+[0, 1]) except ``--iterations``, ``--restarts`` (best restart by gradient loss) and the TV
+weight ``--tv`` (default `_reconstruction.IG_TV` = 0.05, chosen for digits; see there).
 
 * batch size B (FedSGD): the client's gradient of its B seeded training rows.
-* local steps S (FedAvg, their Sec. 5): ``--steps-batch`` rows, S local epochs of one full-batch
-  SGD step each (lr 0.1), the weight change sent; the server knows the local procedure
-  (side information "local-training") and IG replays the S unrolled steps.
+* local steps S (FedAvg, their Sec. 5): a client with ``--steps-batch`` rows (default 1), S
+  local epochs of one full-batch SGD step each (lr 0.1), the weight change sent; the server
+  knows the local procedure (side information "local-training") and IG replays the S unrolled
+  steps.
 
 PSNR in [0, 1] pixel space after matching the batch order (`privacylab.stats.images`); the
 dummy-initialisation PSNR is the no-leakage baseline. Peer: breaching 0.1.2's
@@ -42,6 +44,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _reconstruction import (
+    IG_TV,
     attack,
     breaching_attack,
     breaching_status,
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model, accuracy = trained_relu_cnn(args.epochs, args.seed)
     log(f"trained relu cnn: test accuracy {accuracy:.3f}")
     x_all, y_all = mnist("train")
-    options = {"iterations": args.iterations, "restarts": args.restarts}
+    options = {"iterations": args.iterations, "restarts": args.restarts, "tv": args.tv}
     peer_status = breaching_status() if args.peer else "not run (--no-peer)"
     have_peer = peer_status.startswith("ok")
     pictures: dict[str, Any] = {}
@@ -110,8 +113,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "model": f"cnn (relu), trained {args.epochs} epochs on mnist5k, seed {args.seed}",
             "test_accuracy": accuracy,
             "attack": f"our ig, {args.iterations} iterations, {args.restarts} restarts, "
-            "labels known",
-            "fedavg": f"{args.steps_batch} rows, S full-batch local steps, lr 0.1",
+            f"tv {args.tv:g}, labels known",
+            "fedavg": f"{args.steps_batch} row(s), S full-batch local steps, lr 0.1",
             "recognisable": f"PSNR > {SUCCESS:g} dB",
             "seed": args.seed,
             "torch_threads": torch.get_num_threads(),
@@ -239,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", default=None, help="PNG of the reconstructions")
     parser.add_argument("--batches", type=int, nargs="*", default=None)
     parser.add_argument("--steps", type=int, nargs="*", default=None)
-    parser.add_argument("--steps-batch", type=int, default=4)
+    parser.add_argument("--steps-batch", type=int, default=1, help="rows in the FedAvg client")
+    parser.add_argument("--tv", type=float, default=IG_TV, help="our ig's TV weight")
     parser.add_argument("--iterations", type=int, default=None)
     parser.add_argument("--restarts", type=int, default=None)
     parser.add_argument("--epochs", type=int, default=None, help="CNN training epochs")

@@ -17,7 +17,8 @@ Attackers:
 * ours (`privacylab.attacks.inversion` through `run_reconstruction`): ``dlg`` (L-BFGS with a
   strong-Wolfe line search: no learning rate), ``idlg`` (label from the last layer's gradient,
   then DLG on the image), ``ig`` (cosine + TV, signed Adam, box; labels known), at their
-  defaults except the iteration budget.
+  defaults except the iteration budget and IG's TV weight (``--tv``, 0.05 for digits,
+  `_reconstruction.IG_TV`; the attack's default 1e-4 is tuned for natural images).
 * the original DLG loop (`_reconstruction.original_dlg`), written from the paper's Alg. 1 and
   the published setting: dummy image and label logits ~ N(0, 1), D = sum of squared gradient
   differences, ``torch.optim.LBFGS(lr=1)`` (PyTorch's defaults otherwise: 20 evaluations per
@@ -52,6 +53,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _reconstruction import (
+    IG_TV,
     attack,
     breaching_attack,
     breaching_status,
@@ -112,7 +114,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         found: list[dict[str, Any]] = []
         for method in OURS:
             iterations = args.ig_iterations if method == "ig" else args.iterations
-            res = attack(method, model, x, y, options={"iterations": iterations}, seed=args.seed)
+            options: dict[str, Any] = {"iterations": iterations}
+            if method == "ig":
+                options["tv"] = args.tv
+            res = attack(method, model, x, y, options=options, seed=args.seed)
             found.append(
                 _row(method, {"psnr": res.psnr, "ssim": res.ssim}, res.seconds, res.label_accuracy)
             )
@@ -291,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=None, help="DLG/iDLG L-BFGS steps")
     parser.add_argument("--ig-iterations", type=int, default=None, help="IG Adam steps")
     parser.add_argument("--lrs", type=float, nargs="*", default=None, help="original DLG lrs")
+    parser.add_argument("--tv", type=float, default=IG_TV, help="our ig's TV weight")
     parser.add_argument("--lr-images", type=int, default=None, help="images for the lr sweep")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
