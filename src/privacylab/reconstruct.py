@@ -46,7 +46,6 @@ from privacylab.attacks.inversion import (
     ReconstructionResult,
     inversion_class,
     inversion_names,
-    non_smooth_layer,
     run_reconstruction,
 )
 from privacylab.data import Dataset, load_dataset
@@ -419,14 +418,7 @@ def _preflight(case: GradientCase) -> None:
     """The attack's refusal of the model, before any attack of a grid runs: an attack that
     differentiates through second derivatives refuses a piecewise-linear model (the check of
     `GradientAttack.run`, with its wording)."""
-    cls = case.config.attack_class()
-    if cls.needs_smooth:
-        layer = non_smooth_layer(case.target.model)
-        if layer is not None:
-            raise InversionError(
-                f"{cls.name} needs twice-differentiable activations (sigmoid, tanh) but "
-                f"layer {layer} is piecewise linear; use ig, or a sigmoid model"
-            )
+    case.config.attack_class().check_model(case.target.model)
 
 
 def _spec(defense: ClientDefense | None) -> str:

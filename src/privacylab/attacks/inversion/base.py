@@ -269,15 +269,21 @@ class GradientAttack(InversionAttack):
     def reconstruct(self, target: Target, task: GradientTask) -> Reconstruction:
         """The reconstructed batch, using only `target` and `task`."""
 
-    def run(self, target: Target, task: GradientTask) -> Reconstruction:
-        """The core's entry point: checks, then `reconstruct`."""
-        if self.needs_smooth:
-            layer = non_smooth_layer(target.model)
+    @classmethod
+    def check_model(cls, model: nn.Module) -> None:
+        """One-line InversionError when this attack cannot run on `model`: one that needs
+        second derivatives refuses a piecewise-linear activation, naming the layer."""
+        if cls.needs_smooth:
+            layer = non_smooth_layer(model)
             if layer is not None:
                 raise InversionError(
-                    f"{self.name} needs twice-differentiable activations (sigmoid, tanh) but "
+                    f"{cls.name} needs twice-differentiable activations (sigmoid, tanh) but "
                     f"layer {layer} is piecewise linear; use ig, or a sigmoid model"
                 )
+
+    def run(self, target: Target, task: GradientTask) -> Reconstruction:
+        """The core's entry point: `check_model`, then `reconstruct`."""
+        self.check_model(target.model)
         return self.reconstruct(target, task)
 
     def observed(self, target: Target, task: GradientTask) -> ObservedUpdate:
