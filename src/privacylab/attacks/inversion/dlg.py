@@ -65,12 +65,13 @@ class DLG(GradientAttack):
     """Deep Leakage from Gradients (Zhu et al. 2019, Alg. 1) with L-BFGS and a strong-Wolfe
     line search.
 
-    `iterations`: L-BFGS iterations per restart (300; the released code runs 300 steps of
-    a fixed-step L-BFGS). `restarts`: independent starts, the one with the lowest final D kept
-    (a start that ends in NaN is discarded). `tol`: stop once D falls below `tol` times the
-    observed update's squared norm; a run also stops when D no longer decreases (relative
-    1e-4 over two tenths of the iterations). History and snapshots are taken every tenth of
-    the iterations."""
+    `iterations`: L-BFGS iterations per restart, each with its line search (300; the
+    released code calls a fixed-step L-BFGS 300 times with up to 20 inner iterations each; one
+    8x8 digit on the sigmoid LeNet converges here in about 60 to 120). `restarts`: independent
+    starts, the one with the lowest final D kept (a start that ends in NaN is discarded).
+    `tol`: stop once D falls below `tol` times the observed update's squared norm; a run also
+    stops when D no longer decreases (relative 1e-4 over two tenths of the iterations).
+    History and snapshots are taken every tenth of the iterations."""
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(Access.UPDATES, ())
     paper: ClassVar[str] = "Zhu, Liu & Han 2019, Deep Leakage from Gradients (NeurIPS), Alg. 1"
