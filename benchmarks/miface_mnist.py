@@ -23,6 +23,22 @@ estimated by NES from queries) and white-box, judged by an independent CNN; agai
 Progress goes to stderr; stdout holds the table (or one JSON object with `--json`); the PNG
 grid (one row per target and method, a column per class, the class means last) is written to
 `--png` and its path printed at the end.
+
+Measured (CPU, one thread, seed 0, `--json`; the evaluator CNN: 0.941 on the targets' 4,000
+training rows it never saw; targets' test accuracy: logreg 0.907, mlp 0.956):
+
+    target  method            eval. acc.  mean conf.  queries   seconds
+    logreg  miface (scores)   1.00        0.959       102,459   2.7
+    logreg  miface-whitebox   1.00        0.992         3,000   1.8
+    logreg  ART MIFace        0.90        1.000             -  29.1   (1 read as 3)
+    mlp     miface (scores)   1.00        0.959        97,088   2.7
+    mlp     miface-whitebox   1.00        0.979         3,000   1.9
+    mlp     ART MIFace        0.90        1.000             -  38.0   (1 read as 2)
+
+Ours / ART evaluator accuracy 1.11 on both targets; ART's seconds / ours 10.8 (logreg,
+scores), 16.5 (logreg, white-box), 14.3 (mlp, scores), 20.1 (mlp, white-box). To a person our
+inversions are blurred blobs (the Gaussian Process step) and ART's saturated black-and-white
+patterns; the class is legible to the CNN in both, in neither is it a clean digit.
 """
 
 from __future__ import annotations

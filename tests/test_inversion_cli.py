@@ -91,17 +91,16 @@ def test_a_stopped_run_resumes_at_the_next_class(
         return real(attack, target, task, truth)
 
     monkeypatch.setattr(invert, "run_model_inversion", dies_on_class_5)
-    args = ["--target", str(model), "--method", "miface-whitebox", "--options", FAST]
-    with pytest.raises(KeyboardInterrupt):
-        invert.run_inversion(
-            model, "miface-whitebox", (4, 5), options={"alpha": 40}, cache=tmp_path
-        )
+    options = json.loads(FAST)
+    with pytest.raises(KeyboardInterrupt):  # killed while class 5 runs; class 4 is stored
+        invert.run_inversion(model, "miface-whitebox", (4, 5), options=options, cache=tmp_path)
     monkeypatch.setattr(invert, "run_model_inversion", real)
     out = run_json(
-        *args[:4], "--options", '{"alpha": 40}', "--class", "4,5", "--cache", str(tmp_path)
-    )
-    assert calls == [(4,), (5,)]
-    assert [c["from_store"] for c in out["classes"]] == [True, False]
+        "--target", str(model), "--method", "miface-whitebox", "--options", FAST,
+        "--class", "4,5", "--cache", str(tmp_path),
+    )  # fmt: skip
+    assert calls == [(4,), (5,)]  # the killed run got as far as class 5
+    assert [c["from_store"] for c in out["classes"]] == [True, False]  # only 5 recomputed
 
 
 @pytest.mark.parametrize(
