@@ -381,6 +381,10 @@ def test_bad_data_and_rounds_are_one_line() -> None:
         (lambda: Federation(model, x, y, FederationConfig()).fit(until=2), "exceeds the rounds"),
         (lambda: Federation(model, x, y, FederationConfig()).fit(x), "both test_x and test_y"),
         (lambda: Federation(model, x, y, FederationConfig()).client_data(10), r"in 0\.\.9"),
+        (lambda: observe(model, x, y + 10), r"labels must lie in 0\.\.9"),
+        (lambda: observe(model, x, y.float()), r"probability rows \(n, 10\)"),
+        (lambda: observe(model, x, torch.full((10, 10), float("nan"))), "finite and >= 0"),
+        (lambda: observe(model, x[:, :, :4], y), "cannot run on x"),
     ]
     for build, message in cases:
         with pytest.raises(FederatedError, match=message) as info:

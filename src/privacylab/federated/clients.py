@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from privacylab.execution.executor import torch_threads
-from privacylab.federated.local import local_update
+from privacylab.federated.local import local_update, training_mode
 from privacylab.federated.protocol import (
     ClientDefense,
     FederatedError,
@@ -33,9 +33,11 @@ from privacylab.federated.protocol import (
 __all__ = [
     "ClientResult",
     "ClientTask",
+    "check_labels",
     "check_rows",
     "client_generator",
     "observe",
+    "output_width",
     "run_client",
     "server_view",
     "split_evenly",
@@ -165,6 +167,47 @@ def check_rows(x: object, y: object, what: str = "the clients'") -> tuple[Tensor
     return x.detach(), y.detach()
 
 
+def output_width(model: nn.Module, x: Tensor) -> int:
+    """The number of classes `model` scores: the width of its (n, k) logits on the first row
+    of `x` (eval mode, no gradient; each module's mode restored), else FederatedError."""
+    try:
+        with training_mode(model, False), torch.no_grad():
+            out = model(x[:1])
+    except Exception as error:
+        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise FederatedError(f"the model cannot run on x: {detail}") from None
+    if not isinstance(out, Tensor) or out.ndim != 2 or int(out.shape[1]) < 2:
+        shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+        raise FederatedError(f"the model must return (n, classes) logits, got {shape}")
+    return int(out.shape[1])
+
+
+def check_labels(y: Tensor, num_classes: int, what: str = "the clients'") -> None:
+    """FederatedError (one line) unless `y` is int labels (n,) in 0..num_classes-1 or
+    probability rows (n, num_classes) of finite non-negative entries (`cross_entropy`'s two
+    forms)."""
+    if torch.is_floating_point(y):
+        if y.ndim != 2 or int(y.shape[1]) != num_classes:
+            raise FederatedError(
+                f"{what} y must be int labels (n,) or probability rows (n, {num_classes}), "
+                f"got {y.dtype} of shape {tuple(y.shape)}"
+            )
+        if not bool(torch.isfinite(y).all()) or bool((y < 0).any()):
+            raise FederatedError(f"{what} probability rows must be finite and >= 0")
+        return
+    if y.ndim != 1 or y.dtype == torch.bool or y.is_complex():
+        raise FederatedError(
+            f"{what} y must be int labels (n,) or probability rows (n, {num_classes}), "
+            f"got {y.dtype} of shape {tuple(y.shape)}"
+        )
+    low, high = int(y.min()), int(y.max())
+    if low < 0 or high >= num_classes:
+        raise FederatedError(
+            f"{what} labels must lie in 0..{num_classes - 1} (the model's outputs), "
+            f"got {low}..{high}"
+        )
+
+
 def whole_number(name: str, value: object, low: int = 1) -> int:
     """`value` as an int if it is a whole number >= `low` (not a bool), else FederatedError."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
@@ -203,6 +246,7 @@ def observe(
     parameters = list(model.named_parameters())
     if not parameters:
         raise FederatedError("the model has no parameters to train")
+    check_labels(y, output_width(model, x))
     device = parameters[0][1].device
     state = {k: v.detach().clone() for k, v in parameters}
     results = [

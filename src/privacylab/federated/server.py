@@ -43,7 +43,9 @@ from privacylab.federated.clients import (
     SPLIT_STREAM,
     ClientResult,
     ClientTask,
+    check_labels,
     check_rows,
+    output_width,
     run_client,
     server_view,
     stream_seed,
@@ -294,28 +296,13 @@ class Federation:
         if not any(True for _ in self._model.parameters()):
             raise FederatedError("the model has no parameters to train")
         self._x, self._y = x.to(self.device), y.to(self.device)
-        self.num_classes = self._output_width()
-        if int(self._y.min()) < 0 or int(self._y.max()) >= self.num_classes:
-            raise FederatedError(
-                f"labels must lie in 0..{self.num_classes - 1} (the model's outputs), "
-                f"got {int(self._y.min())}..{int(self._y.max())}"
-            )
+        self.num_classes = output_width(self._model, self._x)
+        check_labels(self._y, self.num_classes, "training")
         self._rows = self._split(int(x.shape[0]))
         self._completed = 0
         self._history: list[RoundRecord] = []
         self._executor: Executor | None = None
         self._fingerprint = self._make_fingerprint(x, y)
-
-    def _output_width(self) -> int:
-        try:
-            with training_mode(self._model, False), torch.no_grad():
-                out = self._model(self._x[:1])
-        except Exception as error:
-            detail = str(error).splitlines()[0] if str(error) else type(error).__name__
-            raise FederatedError(f"the model cannot run on x: {detail}") from None
-        if out.ndim != 2 or int(out.shape[1]) < 2:
-            raise FederatedError(f"the model must return (n, classes) logits, got {out.shape}")
-        return int(out.shape[1])
 
     def _split(self, n: int) -> list[Tensor]:
         k, rows = self.config.clients, self.config.rows_per_client
