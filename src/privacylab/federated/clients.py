@@ -28,6 +28,7 @@ from privacylab.federated.protocol import (
     FederatedError,
     LocalTraining,
     ObservedUpdate,
+    whole_number,
 )
 
 __all__ = [
@@ -43,7 +44,6 @@ __all__ = [
     "split_evenly",
     "stream_seed",
     "weighted_mean",
-    "whole_number",
 ]
 
 SPLIT_STREAM = 0
@@ -206,13 +206,6 @@ def check_labels(y: Tensor, num_classes: int, what: str = "the clients'") -> Non
             f"{what} labels must lie in 0..{num_classes - 1} (the model's outputs), "
             f"got {low}..{high}"
         )
-
-
-def whole_number(name: str, value: object, low: int = 1) -> int:
-    """`value` as an int if it is a whole number >= `low` (not a bool), else FederatedError."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise FederatedError(f"{name} must be a whole number >= {low}, got {value!r}")
-    return int(value)
 
 
 def observe(

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -31,6 +32,8 @@ __all__ = [
     "LocalPrivacy",
     "LocalTraining",
     "ObservedUpdate",
+    "positive_number",
+    "whole_number",
 ]
 
 ALGORITHMS = ("fedsgd", "fedavg")
@@ -40,6 +43,25 @@ Algorithm = Literal["fedsgd", "fedavg"]
 
 class FederatedError(PrivacylabError, ValueError):
     """A bad federated setting (clients, rounds, local training); one line."""
+
+
+def whole_number(name: str, value: object, low: int = 1) -> int:
+    """`value` as an int if it is a whole number >= `low` (not a bool), else FederatedError."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise FederatedError(f"{name} must be a whole number >= {low}, got {value!r}")
+    return int(value)
+
+
+def positive_number(name: str, value: object) -> float:
+    """`value` as a float if it is a finite number > 0 (not a bool), else FederatedError."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float | np.integer | np.floating)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise FederatedError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -59,13 +81,12 @@ class LocalTraining:
             raise FederatedError(
                 f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}"
             )
-        for name, value in (("epochs", self.epochs), ("batch_size", self.batch_size)):
-            if value is None and name == "batch_size":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise FederatedError(f"local {name} must be a whole number >= 1, got {value!r}")
-        if not (isinstance(self.lr, int | float) and math.isfinite(self.lr) and self.lr > 0):
-            raise FederatedError(f"local lr must be a finite number > 0, got {self.lr!r}")
+        object.__setattr__(self, "epochs", whole_number("local epochs", self.epochs))
+        if self.batch_size is not None:
+            object.__setattr__(
+                self, "batch_size", whole_number("local batch_size", self.batch_size)
+            )
+        object.__setattr__(self, "lr", positive_number("local lr", self.lr))
         if self.algorithm == "fedsgd" and (self.epochs != 1 or self.batch_size is not None):
             raise FederatedError("fedsgd sends one gradient: epochs=1 and batch_size=None")
 
@@ -141,9 +162,7 @@ class LocalPrivacy:
 
     def __post_init__(self) -> None:
         for name in ("clip", "noise_multiplier"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-                raise FederatedError(f"{name} must be a finite number > 0, got {value!r}")
+            object.__setattr__(self, name, positive_number(name, getattr(self, name)))
 
 
 class ClientDefense(Protocol):

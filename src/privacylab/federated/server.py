@@ -23,7 +23,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import math
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -50,7 +49,6 @@ from privacylab.federated.clients import (
     server_view,
     stream_seed,
     weighted_mean,
-    whole_number,
 )
 from privacylab.federated.local import training_mode
 from privacylab.federated.protocol import (
@@ -58,18 +56,12 @@ from privacylab.federated.protocol import (
     FederatedError,
     LocalTraining,
     ObservedUpdate,
+    positive_number,
+    whole_number,
 )
 from privacylab.target import Target
 
 __all__ = ["Federation", "FederationConfig", "FederationResult", "RoundRecord", "accuracy"]
-
-
-def _finite_positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise FederatedError(f"{name} must be a finite number > 0, got {value!r}")
-    if value <= 0:
-        raise FederatedError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)
@@ -125,7 +117,7 @@ class FederationConfig:
             raise FederatedError(
                 f"secure_aggregation must be True or False, got {self.secure_aggregation!r}"
             )
-        keep("server_lr", _finite_positive("server_lr", self.server_lr))
+        keep("server_lr", positive_number("server_lr", self.server_lr))
         keep("seed", whole_number("seed", self.seed, 0))
         if self.executor not in EXECUTORS:
             raise FederatedError(
