@@ -83,7 +83,7 @@ def test_a_killed_run_resumes_with_the_stored_models(
     config = PropertyConfig(
         property="row-parity", shadows=2, targets=2, epochs=3, train_size=50, queries=8
     )
-    real = job._train_job
+    real = job.train_one
     calls: list[str] = []
 
     def dies_after_three(unit: dict[str, Any]) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def test_a_killed_run_resumes_with_the_stored_models(
         calls.append(unit["folder"])
         return real(unit)
 
-    monkeypatch.setattr(job, "_train_job", dies_after_three)
+    monkeypatch.setattr(job, "train_one", dies_after_three)
     with pytest.raises(TaskError):
         property_models(config, tmp_path)
     with ResultStore(tmp_path / "store.sqlite") as store:
@@ -101,7 +101,7 @@ def test_a_killed_run_resumes_with_the_stored_models(
 
     calls.clear()
     monkeypatch.setattr(
-        job, "_train_job", lambda unit: (calls.append(unit["folder"]), real(unit))[1]
+        job, "train_one", lambda unit: (calls.append(unit["folder"]), real(unit))[1]
     )
     models = property_models(config, tmp_path)
     assert models.from_store == 3
@@ -127,7 +127,9 @@ def test_run_property_is_reproducible(tmp_path: Path) -> None:
         "train_size": 50,
         "queries": 8,
     }
-    a = run_property(cache=tmp_path / "a", **kwargs)["property_inference"]
+    payload = run_property(cache=tmp_path / "a", **kwargs)
+    json.dumps(payload, allow_nan=False)  # JSON-ready as returned
+    a = payload["property_inference"]
     b = run_property(cache=tmp_path / "b", **kwargs)["property_inference"]
     assert a["attacks"][0]["scores"] == b["attacks"][0]["scores"]
     assert a["shadow_share_world0"] == pytest.approx(0.1)

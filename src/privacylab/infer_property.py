@@ -11,17 +11,16 @@ Who holds what (Ganju et al. 2018, Sec. 3):
 - the evaluator: `targets` models (half per world) trained the same way on sets drawn from
   the owners' pool, and their true worlds, shown to no attack.
 
-Every model is trained by the project's trainer, saved as safetensors with a JSON sidecar
-(`privacylab.models.save_model`, nothing pickled) in `CACHE/models/KEY/` and recorded in the
-result store `CACHE/store.sqlite` the moment it finishes (`durable_map`): a second run loads
-them, and a killed run trains only the missing ones. The meta-classifiers are fitted afresh
-on every run (seconds).
+Every model is trained by the membership attacks' reference worker
+(`privacylab.attacks.membership.references.train_one`: the project's trainer, per-epoch
+checkpoints, safetensors with a JSON sidecar, nothing pickled) in `CACHE/models/KEY/` and
+recorded in the result store `CACHE/store.sqlite` the moment it finishes (`durable_map`): a
+second run loads them, and a killed run trains only the missing ones. The meta-classifiers
+are fitted afresh on every run (seconds).
 """
 
 from __future__ import annotations
 
-import functools
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -48,8 +47,8 @@ from privacylab.attacks.inversion.property import (
     parse_property,
     run_property_inference,
     split_pools,
-    train_property_model,
 )
+from privacylab.attacks.membership.references import Recipe, train_one
 from privacylab.data import Dataset, load_dataset
 from privacylab.execution import (
     ResultStore,
@@ -59,7 +58,7 @@ from privacylab.execution import (
     make_executor,
     progress_counter,
 )
-from privacylab.models import ModelSpec, load_model, save_model
+from privacylab.models import ModelSpec, load_model
 from privacylab.target import Access, Target
 from privacylab.training import TrainConfig
 
@@ -186,11 +185,6 @@ class PropertyConfig:
         return self
 
 
-@functools.lru_cache(maxsize=4)
-def _dataset(name: str, root: str | None) -> Dataset:
-    return load_dataset(name, root)
-
-
 def _fits(prop: Property, labels: np.ndarray, size: int) -> bool:
     try:
         for world in (0, 1):
@@ -210,30 +204,6 @@ def default_train_size(
         if all(_fits(prop, labels[p], size) for p in pools):
             return size
     raise InversionError(f"{prop.spec}: the pools are too small for any training set")
-
-
-def _train_job(job: dict[str, Any]) -> dict[str, Any]:
-    """Train one shadow or evaluation model and save it (runs in a worker); its record."""
-    data = _dataset(job["dataset"], job["root"])
-    spec = ModelSpec.from_dict(job["spec"])
-    rows = torch.as_tensor(job["rows"], dtype=torch.long)
-    model, accuracy = train_property_model(
-        spec, job["training"], data.features[rows], data.labels[rows], job["seed"], job["device"]
-    )
-    prop = parse_property(job["property"])
-    share = prop.share(data.labels[rows].numpy())
-    record = {
-        "folder": job["folder"],
-        "role": job["role"],
-        "world": job["world"],
-        "index": job["index"],
-        "seed": job["seed"],
-        "train_size": len(job["rows"]),
-        "train_accuracy": accuracy,
-        "share": share,
-    }
-    save_model(model, job["folder"], spec, {"property_model": record, "training": job["training"]})
-    return record
 
 
 @dataclass(eq=False)
@@ -271,7 +241,9 @@ class PropertyModels:
         }
         for role in ("shadow", "target"):
             rows = [r for r in self.records if r["role"] == role]
-            out[f"{role}_train_accuracy"] = float(np.mean([r["train_accuracy"] for r in rows]))
+            accuracies = [r["train_accuracy"] for r in rows if r["train_accuracy"] is not None]
+            if accuracies:
+                out[f"{role}_train_accuracy"] = float(np.mean(accuracies))
             for world in (0, 1):
                 shares = [
                     r["share"] for r in rows if r["world"] == world and r["share"] is not None
@@ -294,7 +266,7 @@ def property_models(
     config.validate()
     methods = config.chosen_methods()
     prop = parse_property(config.property)
-    data = _dataset(config.dataset, config.root)
+    data = load_dataset(config.dataset, config.root)
     spec = ModelSpec(config.model, data.input_shape, data.num_classes, config.model_options)
     probe = spec.build(seed=0)
     if "property-whitebox" in methods:
@@ -316,17 +288,24 @@ def property_models(
         seed=config.seed,
         device=config.device,
     )
-    units: list[tuple[str, int, int, np.ndarray, int]] = [
-        ("shadow", w, i, attacker[pos], seed) for w, i, pos, seed in task.plan()
+    units = [("shadow", w, i, attacker[pos], seed) for w, i, pos, seed in task.plan()]
+    units += [
+        ("target", w, i, owner[pos], seed)
+        for w, i, pos, seed in draw_training_sets(
+            prop, labels[owner], size, config.targets // 2, config.seed, 1
+        )
     ]
-    for w, i, pos in draw_training_sets(
-        prop, labels[owner], size, config.targets // 2, config.seed, 1
-    ):
-        seed = int(np.random.default_rng([config.seed, 1, w, i, 1]).integers(2**31 - 1))
-        units.append(("target", w, i, owner[pos], seed))
     folder = Path(cache).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
+    recipe = Recipe(
+        config.dataset,
+        config.model,
+        {**training, "device": config.device},
+        dict(spec.options),
+        config.root,
+    ).to_dict()
     jobs: dict[str, dict[str, Any]] = {}
+    roles: dict[str, dict[str, Any]] = {}
     for role, world, index, rows, seed in units:
         identity = {
             "version": STORE_VERSION,
@@ -342,18 +321,16 @@ def property_models(
         }
         key = config_key(identity)
         jobs[key] = {
-            "dataset": config.dataset,
-            "root": config.root,
-            "spec": spec.to_dict(),
-            "training": training,
-            "property": prop.spec,
+            "recipe": recipe,
+            "indices": [int(r) for r in rows],
+            "seed": seed,
+            "folder": str(folder / "models" / key[:24]),
+        }
+        roles[key] = {
             "role": role,
             "world": world,
             "index": index,
-            "seed": seed,
-            "rows": [int(r) for r in rows],
-            "device": config.device,
-            "folder": str(folder / "models" / key[:24]),
+            "share": prop.share(labels[rows]),
         }
     executor = SerialExecutor() if workers <= 1 else make_executor("local", workers)
     cached = [0]
@@ -364,9 +341,8 @@ def property_models(
         tick(key, value, from_store)
 
     with ResultStore(folder / "store.sqlite") as store:
-        records = list(
-            durable_map(_train_job, jobs, store, NAMESPACE, executor, on_done=on_done).values()
-        )
+        done = durable_map(train_one, jobs, store, NAMESPACE, executor, on_done=on_done)
+    records = [{**done[key], **roles[key]} for key in jobs]
     shadows = [r for r in records if r["role"] == "shadow"]
     targets = [r for r in records if r["role"] == "target"]
     task.shadow_models = [load_model(r["folder"], device=config.device)[0] for r in shadows]
@@ -383,21 +359,6 @@ def property_models(
         attacker_rows=attacker,
         owner_rows=owner,
     )
-
-
-def _clean(value: Any) -> Any:
-    """JSON-ready (non-finite floats become None, numpy scalars Python numbers)."""
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    return str(value)
 
 
 def run_property(
@@ -463,17 +424,17 @@ def run_property(
             for m in trained.targets
         ]
         result = run_property_inference(config.attack(name), targets_, trained.worlds, trained.task)
-        rows.append(_clean(result.to_dict()))
+        rows.append(result.to_dict())
         if progress:
             progress(f"property: attack {name}", 1, 1)
-    facts = _clean(trained.facts())
+    facts = trained.facts()
     section = {**facts, "attacks": rows, "images": {"scores": "property_scores.png"}}
     payload: dict[str, Any] = {
         "title": f"privacylab property inference: {facts['property']} on {facts['dataset']}",
         "dataset": facts["dataset"],
         "model": facts["model"],
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": _clean(asdict(config)),
+        "config": asdict(config),
         "property_inference": section,
         "notes": [
             f"The attacker trains {config.shadows} shadow models per world on sets of "

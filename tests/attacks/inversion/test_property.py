@@ -60,9 +60,11 @@ def _case(spec: str, shadows: int, targets_per_world: int) -> Case:
     task.shadow_models, task.shadow_worlds = train_shadows(task)
     targets, worlds = [], []
     ox, oy = x[owner], y[owner]
-    for world, i, rows in draw_training_sets(task.prop, oy.numpy(), SIZE, targets_per_world, 0, 1):
+    for world, _, rows, seed in draw_training_sets(
+        task.prop, oy.numpy(), SIZE, targets_per_world, 0, 1
+    ):
         index = torch.as_tensor(rows)
-        model, _ = train_property_model(SPEC, TRAINING, ox[index], oy[index], 500 + 10 * world + i)
+        model, _ = train_property_model(SPEC, TRAINING, ox[index], oy[index], seed)
         targets.append(Target(model, "white-box", 10))
         worlds.append(world)
     return Case(task, targets, worlds)

@@ -262,10 +262,10 @@ def split_pools(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def draw_training_sets(
     prop: Property, labels: np.ndarray, size: int, count: int, seed: int, stream: int
-) -> list[tuple[int, int, np.ndarray]]:
+) -> list[tuple[int, int, np.ndarray, int]]:
     """`count` training sets per world drawn from a pool with `labels`: a list of
-    (world, index, pool positions), world 0 first; `stream` separates the attacker's draws
-    (0) from the owners' (1)."""
+    (world, index, pool positions, model seed), world 0 first; `stream` separates the
+    attacker's draws (0) from the owners' (1)."""
     if count < 1:
         raise InversionError(f"need >= 1 model per world, got {count}")
     if size < 1:
@@ -274,7 +274,11 @@ def draw_training_sets(
     for world in WORLDS:
         for index in range(count):
             rng = np.random.default_rng([seed, stream, world, index])
-            out.append((world, index, prop.draw(np.asarray(labels), size, world, rng)))
+            rows = prop.draw(np.asarray(labels), size, world, rng)
+            model_seed = int(
+                np.random.default_rng([seed, stream, world, index, 1]).integers(2**31 - 1)
+            )
+            out.append((world, index, rows, model_seed))
     return out
 
 
@@ -293,10 +297,6 @@ def train_property_model(
     result = train(model, (x, y), config)
     model.eval()
     return model, float(result.history[-1].train_accuracy or 0.0)
-
-
-def _model_seed(seed: int, stream: int, world: int, index: int) -> int:
-    return int(np.random.default_rng([seed, stream, world, index, 1]).integers(2**31 - 1))
 
 
 @dataclass(eq=False)
@@ -356,10 +356,9 @@ class PropertyTask:
 
     def plan(self) -> list[tuple[int, int, np.ndarray, int]]:
         """The attacker's shadow training sets: (world, index, pool positions, model seed)."""
-        sets = draw_training_sets(
+        return draw_training_sets(
             self.prop, self.pool_y.numpy(), self.train_size, self.shadows, self.seed, 0
         )
-        return [(w, i, rows, _model_seed(self.seed, 0, w, i)) for w, i, rows in sets]
 
     def query_rows(self) -> np.ndarray:
         """The black-box query set: `queries` pool positions (seeded, without replacement
