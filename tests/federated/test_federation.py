@@ -195,7 +195,7 @@ def test_a_short_fedavg_run_learns_digits() -> None:
 
 def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, capsys) -> None:
     """Rounds 1..2 with a checkpoint, then a fresh Federation resumes to round 4: same bits
-    (client selection, local DP noise and the defence reseeded per round)."""
+    (client selection and the defence's noise reseeded per round)."""
     x, y = _rows(120)
     test_x, test_y = _rows(100, start=1500)
     defense = parse_update_defense("noise:1e-3")
@@ -206,9 +206,8 @@ def test_a_resumed_run_equals_an_uninterrupted_one(tmp_path, capsys) -> None:
         clients_per_round=3,
         seed=11,
     )
-    whole = Federation(_logreg(), x, y, config, defense).fit(test_x, test_y, progress=False)
     uninterrupted = Federation(_logreg(), x, y, config, defense)
-    uninterrupted.fit(test_x, test_y, progress=False)
+    whole = uninterrupted.fit(test_x, test_y, progress=False)
 
     first = Federation(_logreg(), x, y, config, defense)
     part = first.fit(test_x, test_y, tmp_path, until=2)
