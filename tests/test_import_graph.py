@@ -61,6 +61,7 @@ errors <- registry, stats <- accounting <- mechanisms/data/models/execution <- t
 
 SAME_LAYER: dict[tuple[str, str], str] = {
     ("experiment", "defend"): "the main job's defence section is the defend job on its targets",
+    ("invert", "extract"): "the inversion job loads its target with the extraction job's loader",
 }
 """Same-layer edges that are allowed, with why."""
 

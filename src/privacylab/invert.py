@@ -21,10 +21,8 @@ evaluator; a second run serves it from the store, and a killed run resumes at th
 
 from __future__ import annotations
 
-import hashlib
-import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -44,10 +42,10 @@ from privacylab.attacks.inversion.miface import (
     ModelInversionTask,
     run_model_inversion,
 )
-from privacylab.data import Dataset, load_dataset, train_test_indices
-from privacylab.errors import PrivacylabError
+from privacylab.data import Dataset, train_test_indices
 from privacylab.execution import ResultStore, config_key
-from privacylab.models import ModelSpec, build_model, load_model
+from privacylab.extract import Progress, Victim, _clean, load_victim
+from privacylab.models import build_model
 from privacylab.target import Target
 from privacylab.training import TrainConfig, train
 
@@ -75,77 +73,41 @@ STORE_VERSION = 1
 EVALUATOR_TRAINING = {"epochs": 30, "batch_size": 64, "lr": 0.05, "weight_decay": 1e-4}
 """How the evaluation classifier is trained (momentum SGD, `privacylab.training.train`)."""
 
-Progress = Callable[[str, float, float], None]
+EXTRACTION_ROWS = ("pool_rows", "eval_rows")
+"""`Victim.facts` keys of the extraction split, which the inversion job does not use."""
 
 
 @dataclass(eq=False)
 class InversionTarget:
-    """The saved model and what the evaluator derives from its sidecar: the dataset, the
-    target's training rows and the test rows the evaluator holds, the pixel box, the weights
-    digest and the target's training seed."""
+    """The saved model as `privacylab.extract.load_victim` loads it (model, spec, dataset,
+    pixel box, weights digest), with its training `seed`, the rows it trained on and the test
+    rows the evaluator holds (`train_test_indices` under that seed)."""
 
-    folder: Path
-    model: nn.Module
-    spec: ModelSpec
-    metadata: dict[str, Any]
-    data: Dataset
+    victim: Victim
+    seed: int
     train_rows: np.ndarray
     test_rows: np.ndarray
-    bounds: tuple[float, float]
-    digest: str
-    seed: int
 
     def facts(self) -> dict[str, Any]:
-        """JSON-ready facts for the result and the report."""
-        return {
-            "target": str(self.folder),
-            "name": self.folder.name,
-            "dataset": self.data.name,
-            "model": self.spec.name,
-            "model_options": dict(self.spec.options),
-            "input_shape": list(self.spec.input_shape),
-            "num_classes": self.spec.num_classes,
-            "parameters": int(sum(p.numel() for p in self.model.parameters())),
-            "bounds": list(self.bounds),
-            "sha256": self.digest,
-        }
+        """JSON-ready facts for the result and the report (the victim's, with the target's
+        train/test row counts in place of the extraction split's)."""
+        facts = {k: v for k, v in self.victim.facts().items() if k not in EXTRACTION_ROWS}
+        return {**facts, "train_rows": len(self.train_rows), "test_rows": len(self.test_rows)}
 
 
 def load_target(
     folder: str | Path, root: str | None = None, device: str = "cpu"
 ) -> InversionTarget:
-    """The model saved at `folder` by privacylab, its dataset (the sidecar's
-    `metadata.data.name`) and its train/test rows (its own training seed); one-line
-    PrivacylabError for a folder that is not a privacylab model."""
-    path = Path(folder).expanduser()
-    if not path.is_dir():
-        raise PrivacylabError(f"--target {folder} is not a model folder")
-    model, spec, meta = load_model(path, device=device)
-    data_info = meta.get("data")
-    if not isinstance(data_info, dict) or not isinstance(data_info.get("name"), str):
-        raise PrivacylabError(f"{path}: the sidecar's metadata.data.name is not a dataset name")
-    training = meta.get("training")
-    seed = training.get("seed", 0) if isinstance(training, dict) else 0
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise PrivacylabError(f"{path}: the sidecar's training.seed is not a whole number")
-    data = load_dataset(data_info["name"], root)
-    if tuple(data.input_shape) != tuple(spec.input_shape):
-        raise PrivacylabError(
-            f"{path}: the model takes inputs of shape {tuple(spec.input_shape)} but dataset "
-            f"{data.name} has {tuple(data.input_shape)}"
-        )
+    """The model saved at `folder` by privacylab (`privacylab.extract.load_victim`: one-line
+    PrivacylabError for a folder that is not a privacylab model) and its train/test rows
+    under its own training seed."""
+    victim = load_victim(folder, root, device)
+    training = victim.metadata.get("training")
+    seed = int(training.get("seed", 0)) if isinstance(training, dict) else 0
     train_rows, test_rows = (
-        np.asarray(r, dtype=np.int64) for r in train_test_indices(data, seed=seed)
+        np.asarray(r, dtype=np.int64) for r in train_test_indices(victim.data, seed=seed)
     )
-    if len(test_rows) == 0:
-        raise PrivacylabError(f"{path}: dataset {data.name} leaves no test rows for the evaluator")
-    low, high = float(data.features.min()), float(data.features.max())
-    if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
-        low, high = 0.0, 1.0
-    digest = hashlib.sha256((path / "model.json").read_bytes()).hexdigest()
-    return InversionTarget(
-        path, model, spec, meta, data, train_rows, test_rows, (low, high), digest, seed
-    )
+    return InversionTarget(victim, seed, train_rows, test_rows)
 
 
 def evaluator_architecture(target_model: str, input_shape: Sequence[int]) -> str:
@@ -216,21 +178,6 @@ def _class_means(data: Dataset, rows: np.ndarray) -> torch.Tensor:
     return means
 
 
-def _clean(value: Any) -> Any:
-    """JSON-ready (non-finite floats become None)."""
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    return str(value)
-
-
 def _check_options(method: str, options: Mapping[str, Any] | None) -> dict[str, Any]:
     if options is None:
         return {}
@@ -267,13 +214,14 @@ def inversion_rows(
     options = _check_options(method, options)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise InversionError(f"seed must be a whole number >= 0, got {seed!r}")
-    victim = load_target(target, root, device)
+    loaded = load_target(target, root, device)
+    victim = loaded.victim
     task = ModelInversionTask(
         victim.spec.input_shape, victim.spec.num_classes, classes, victim.bounds, seed
     )
     chosen = task.chosen()
     architecture = evaluator_architecture(victim.spec.name, victim.spec.input_shape)
-    evaluator_seed = victim.seed + 1
+    evaluator_seed = loaded.seed + 1
     evaluator_key = config_key(
         {
             "version": STORE_VERSION,
@@ -281,7 +229,7 @@ def inversion_rows(
             "evaluator": [architecture, evaluator_seed, EVALUATOR_TRAINING],
         }
     )
-    means = _class_means(victim.data, victim.test_rows)
+    means = _class_means(victim.data, loaded.test_rows)
     folder = Path(cache if cache is not None else victim.folder / "inversion-cache").expanduser()
     folder.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -295,10 +243,10 @@ def inversion_rows(
                 progress(f"inversion: training the evaluator ({architecture})", 0, len(chosen))
             evaluator = train_evaluator(
                 victim.data,
-                victim.test_rows,
+                loaded.test_rows,
                 architecture,
                 evaluator_seed,
-                held_out=victim.train_rows,
+                held_out=loaded.train_rows,
                 device=device,
             )
             store.put(EVALUATORS, evaluator_key, _clean(evaluator.facts()))
@@ -352,12 +300,12 @@ def inversion_rows(
             images[label] = image
             rows.append({**row, "from_store": from_store})
         facts = store.get(EVALUATORS, evaluator_key)
-        if facts is None:  # every class stored by an older store version: train it again
+        if facts is None:  # stored before any class row; absent only from a damaged store
             truth(store)
             facts = store.get(EVALUATORS, evaluator_key)
     if progress:
         progress("inversion", len(chosen), len(chosen))
-    return victim, dict(facts or {}), rows, images, means
+    return loaded, dict(facts or {}), rows, images, means
 
 
 def run_inversion(
@@ -378,7 +326,7 @@ def run_inversion(
     facts); with `out`, `results.json`, one PNG per class, the grid and `index.html` (the
     report's model-inversion section)."""
     start = time.perf_counter()
-    victim, evaluator, rows, images, means = inversion_rows(
+    loaded, evaluator, rows, images, means = inversion_rows(
         target,
         method,
         classes,
@@ -389,6 +337,7 @@ def run_inversion(
         cache=cache,
         progress=progress,
     )
+    victim = loaded.victim
     name = inversion_class(method, "model").name
     correct = [bool(r.get("correct")) for r in rows]
     section: dict[str, Any] = {
@@ -399,7 +348,7 @@ def run_inversion(
         "mean_confidence": float(np.mean([r.get("confidence") or 0.0 for r in rows])),
         "queries": int(sum(int(r.get("queries") or 0) for r in rows)),
         "attack_seconds": float(sum(float(r.get("seconds") or 0.0) for r in rows)),
-        "target": victim.facts(),
+        "target": loaded.facts(),
         "evaluator": evaluator,
         "classes": rows,
         "images": {},
