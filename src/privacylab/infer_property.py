@@ -66,6 +66,7 @@ __all__ = [
     "NAMESPACE",
     "PropertyConfig",
     "PropertyModels",
+    "cache_folder",
     "default_train_size",
     "property_models",
     "run_property",
@@ -361,6 +362,14 @@ def property_models(
     )
 
 
+def cache_folder(cache: str | Path | None, out: str | Path | None) -> Path:
+    """Where the models are stored: `cache`, else `out/property-cache`, else
+    `./property-cache`."""
+    if cache is not None:
+        return Path(cache)
+    return Path(out) / "property-cache" if out is not None else Path("property-cache")
+
+
 def run_property(
     dataset: str = "digits",
     property: str = "class-share:0:0.1:0.5",
@@ -412,9 +421,7 @@ def run_property(
         root=root,
         device=device,
     ).validate()
-    if cache is None:
-        cache = Path(out) / "property-cache" if out is not None else Path("property-cache")
-    trained = property_models(config, cache, progress=progress, workers=workers)
+    trained = property_models(config, cache_folder(cache, out), progress=progress, workers=workers)
     rows = []
     for name in config.chosen_methods():
         if progress:

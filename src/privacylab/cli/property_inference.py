@@ -134,7 +134,7 @@ def attack_property_command(
     worlds (accuracy, AUC, chance). Models are stored as they finish; a re-run resumes."""
 
     def run() -> None:
-        from privacylab.infer_property import run_property
+        from privacylab.infer_property import cache_folder, run_property
 
         if model == "mlp":
             options: dict[str, Any] = {"widths": list(_widths(widths) or (16,))}
@@ -144,9 +144,7 @@ def attack_property_command(
             options = {}
         if root is not None and not root.is_dir():
             raise PrivacylabError(f"--root {root} is not a folder")
-        store = cache
-        if store is None:
-            store = out / "property-cache" if out is not None else Path("property-cache")
+        store = cache_folder(cache, out)
         _writable_folder(store, "--cache")
         if out is not None:
             _writable_folder(out, "--out")

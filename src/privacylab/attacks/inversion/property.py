@@ -521,7 +521,7 @@ class PropertyAttack(InversionAttack):
     paper: ClassVar[str] = "Ganju et al. 2018, Property Inference Attacks on Fully Connected NNs"
 
     def __init__(self) -> None:
-        self._fitted_for: int | None = None
+        self._fitted_for: PropertyTask | None = None
         self.fit_seconds = 0.0
         self.meta_train_accuracy = float("nan")
         self.shadow_count = 0
@@ -531,14 +531,14 @@ class PropertyAttack(InversionAttack):
         start = time.perf_counter()
         models, worlds = train_shadows(task)
         self._fit(models, np.asarray(worlds, dtype=np.int64), task)
-        self._fitted_for = id(task)
+        self._fitted_for = task
         self.shadow_count = len(models)
         self.fit_seconds = time.perf_counter() - start
         return self
 
     def run(self, target: Target, task: PropertyTask) -> float:
         """The target's probability of world 1 (the meta-classifier is fitted on first use)."""
-        if self._fitted_for != id(task):
+        if self._fitted_for is not task:
             self.fit(task)
         return float(self._score(target, task))
 
@@ -589,6 +589,7 @@ class WhiteBoxProperty(PropertyAttack):
         self.lr, self.weight_decay, self.seed = float(lr), float(weight_decay), seed
         self.meta: PermutationInvariantMeta | None = None
         self.scales: list[tuple[float, float]] = []
+        self.shapes: list[tuple[int, ...]] = []
 
     def _normalised(self, params: list[tuple[Tensor, Tensor]]) -> list[tuple[Tensor, Tensor]]:
         """Each layer's weights and biases divided by the shadows' scalar standard deviation

@@ -148,28 +148,21 @@ def _table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _facts(block: Mapping[str, Any]) -> str:
-    parts = [
-        f"dataset: {block.get('dataset')}" if block.get("dataset") else None,
-        f"model: {block.get('model')}" if block.get("model") else None,
-        f"{fmt_int(block.get('parameters'))} parameters" if block.get("parameters") else None,
-        f"{fmt_int(block.get('shadows_per_world'))} shadows per world"
-        if block.get("shadows_per_world") is not None
-        else None,
-        f"training sets of {fmt_int(block.get('train_size'))} rows"
-        if block.get("train_size") is not None
-        else None,
-        f"attacker's pool: {fmt_int(block.get('attacker_pool'))} rows"
-        if block.get("attacker_pool") is not None
-        else None,
-        f"owners' pool: {fmt_int(block.get('owner_pool'))} rows"
-        if block.get("owner_pool") is not None
-        else None,
-        f"models trained: {fmt_int(block.get('models_trained'))}, from the store: "
-        f"{fmt_int(block.get('models_from_store'))}"
-        if block.get("models_trained") is not None
-        else None,
-    ]
-    return " · ".join(p for p in parts if p)
+    counts = (
+        ("parameters", "{} parameters"),
+        ("shadows_per_world", "{} shadows per world"),
+        ("train_size", "training sets of {} rows"),
+        ("attacker_pool", "attacker's pool: {} rows"),
+        ("owner_pool", "owners' pool: {} rows"),
+    )
+    parts = [f"{key}: {block[key]}" for key in ("dataset", "model") if block.get(key)]
+    parts += [text.format(fmt_int(block[key])) for key, text in counts if block.get(key)]
+    if block.get("models_trained") is not None:
+        parts.append(
+            f"models trained: {fmt_int(block.get('models_trained'))}, from the store: "
+            f"{fmt_int(block.get('models_from_store'))}"
+        )
+    return " · ".join(parts)
 
 
 def _shares(block: Mapping[str, Any]) -> str:
@@ -208,13 +201,14 @@ class PropertySection:
             + ", ".join(str(r.get("method")) for r in rows),
         )
         shares = _shares(block)
+        facts = _facts(block)
         parts = [
             f'<section id="{self.key}">',
             f"<h2>{e(self.title)}</h2>",
             f"<p>Property <code>{e(block.get('property'))}</code>: {e(description)}.</p>"
             if block.get("property")
             else "",
-            f'<p class="meta">{e(_facts(block))}</p>' if _facts(block) else "",
+            f'<p class="meta">{e(facts)}</p>' if facts else "",
             f'<p class="small">{e(shares)}</p>' if shares else "",
             f'<p class="small">{e(READING_GUIDE)}</p>',
             picture,
