@@ -28,6 +28,7 @@ from privacylab.federated import (
     observe,
 )
 from privacylab.federated.checkpoint import RECORD_FILE, WEIGHTS_FILE
+from privacylab.federated.clients import client_generator
 from privacylab.models import build_model
 from privacylab.target import AccessError
 
@@ -284,18 +285,28 @@ def test_the_defence_transforms_what_the_server_sees_and_steps_with() -> None:
 
 
 def test_local_dp_sgd_clients_train_privately() -> None:
+    """Each client's update is DP-SGD at the defence's calibrated σ for all the federation's
+    rounds, with the noise of the generator seeded by (seed, round, client)."""
     x, y = _rows(30)
     dp = parse_update_defense("dp:8:accountant=rdp")  # the accountant is tested elsewhere
-    config = FederationConfig(clients=2, rounds=1, seed=1)
-    once = Federation(_logreg(), x, y, config, dp).round(1)
+    config = FederationConfig(clients=2, rounds=3, seed=1)
+    fed = Federation(_logreg(), x, y, config, dp)
+    once = fed.round(1)
     twice = Federation(_logreg(), x, y, config, dp).round(1)
-    plain = Federation(_logreg(), x, y, config).round(1)
-    assert all(
-        torch.equal(a.update[k], b.update[k])
-        for a, b in zip(once, twice, strict=True)
-        for k in a.update
-    )
-    assert not torch.allclose(once[0].update["1.weight"], plain[0].update["1.weight"])
+    privacy = dp.local_privacy(training=config.training, examples=15, rounds=3)
+    assert privacy is not None and dp.to_dict()["steps"] == 3
+    for o, again in zip(once, twice, strict=True):
+        (c,) = o.clients
+        xc, yc = fed.client_data(c)
+        generator = client_generator(1, 1, c)
+        private = local_update(
+            _logreg(), o.state, xc, yc, config.training, privacy=privacy, generator=generator
+        )
+        plain = local_update(_logreg(), o.state, xc, yc, config.training)
+        for k in o.update:
+            torch.testing.assert_close(o.update[k], private[k])
+            assert torch.equal(o.update[k], again.update[k])
+        assert not torch.allclose(o.update["1.weight"], plain["1.weight"])
 
 
 def test_the_servers_target_holds_the_updates_at_updates_access_only() -> None:
