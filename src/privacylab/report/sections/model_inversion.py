@@ -11,13 +11,13 @@ queries, seconds) and the images (`images.grid` and one per class).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from privacylab.report._format import MISSING, e, figure, fmt, fmt_int, mappings, number, percent
+from privacylab.report._format import MISSING, e, figure, fmt, fmt_int, mappings, percent
 from privacylab.report.sections import register_section
+from privacylab.report.sections.extraction import _num, _text
 
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("label", "class", "the class inverted"),
@@ -26,7 +26,7 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("predicted", "evaluator says", "the independent evaluator's label for the inversion"),
     ("distance_to_mean", "MSE to mean", "mean squared error to the class mean, [0, 1] pixels"),
     ("ssim_to_mean", "SSIM to mean", "structural similarity to the class mean"),
-    ("iterations", "iterations", "gradient steps run (Alg. 1)"),
+    ("iterations", "iterations", "iterations of Alg. 1 run (cost evaluations)"),
     ("stopped", "stopped by", "alpha: iteration cap; beta: no improvement; gamma: cost reached"),
     ("queries", "queries", "queries sent to the target for this class"),
     ("seconds", "seconds", "wall-clock time for this class"),
@@ -48,12 +48,6 @@ def _block(payload: Mapping[str, Any]) -> Mapping[str, Any]:
     return block if isinstance(block, Mapping) else {}
 
 
-def _num(value: Any, text: str) -> str:
-    x = number(value)
-    sort = repr(x) if x is not None and not math.isinf(x) else "-Infinity"
-    return f'<td data-sort="{e(sort)}">{e(text)}</td>'
-
-
 def _cell(folder: Path, images: Mapping[str, Any], key: str, row: Mapping[str, Any]) -> str:
     value = row.get(key)
     if key == "image":
@@ -66,13 +60,12 @@ def _cell(folder: Path, images: Mapping[str, Any], key: str, row: Mapping[str, A
         mark = "" if value is None else (" ✓" if row.get("correct") else " ✗")
         return _num(value, (MISSING if value is None else str(value)) + mark)
     if key == "stopped":
-        text = MISSING if value is None else str(value)
-        return f'<td class="text" data-sort="{e(text)}">{e(text)}</td>'
+        return _text(value)
     if key in ("label", "iterations", "queries"):
         return _num(value, fmt_int(value))
     if key == "seconds":
         return _num(value, fmt(value, 2))
-    return _num(value, fmt(value))
+    return _num(value)
 
 
 @register_section
