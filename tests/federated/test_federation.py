@@ -349,6 +349,8 @@ def test_observe_splits_in_order_and_leaves_the_model_alone() -> None:
     assert all(torch.equal(v, before[k]) for k, v in _params(model).items())
     with pytest.raises(FederatedError, match="10 clients need at least 10 rows"):
         observe(model, x, y, clients=10)
+    with pytest.raises(FederatedError, match="secure aggregation needs >= 2 clients"):
+        observe(model, x, y, secure_aggregation=True)
 
 
 @pytest.mark.parametrize(
@@ -363,6 +365,10 @@ def test_observe_splits_in_order_and_leaves_the_model_alone() -> None:
         ({"seed": -1}, "seed must be a whole number >= 0"),
         ({"training": "fedavg"}, "training must be a LocalTraining"),
         ({"secure_aggregation": 1}, "secure_aggregation must be True or False"),
+        (
+            {"clients_per_round": 1, "secure_aggregation": True},
+            "secure aggregation needs >= 2 clients per round",
+        ),
     ],
 )
 def test_a_bad_config_is_one_line(change: dict, message: str) -> None:

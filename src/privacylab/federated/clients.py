@@ -28,6 +28,7 @@ from privacylab.federated.protocol import (
     FederatedError,
     LocalTraining,
     ObservedUpdate,
+    check_secure_aggregation,
     whole_number,
 )
 
@@ -234,6 +235,7 @@ def observe(
     clients = whole_number("clients", clients)
     rounds = whole_number("rounds", rounds)
     seed = whole_number("seed", seed, 0)
+    check_secure_aggregation(secure_aggregation, clients)
     if clients > int(x.shape[0]):
         raise FederatedError(f"{clients} clients need at least {clients} rows, got {len(x)}")
     parameters = list(model.named_parameters())

@@ -32,6 +32,7 @@ __all__ = [
     "LocalPrivacy",
     "LocalTraining",
     "ObservedUpdate",
+    "check_secure_aggregation",
     "positive_number",
     "whole_number",
 ]
@@ -50,6 +51,19 @@ def whole_number(name: str, value: object, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
         raise FederatedError(f"{name} must be a whole number >= {low}, got {value!r}")
     return int(value)
+
+
+def check_secure_aggregation(secure: object, clients: int) -> bool:
+    """`secure` if it is a bool and, when True, `clients` (per round) >= 2: the sum of one
+    client's update is that update, so secure aggregation (Bonawitz et al. 2017) over one
+    client hides nothing; else FederatedError."""
+    if not isinstance(secure, bool):
+        raise FederatedError(f"secure_aggregation must be True or False, got {secure!r}")
+    if secure and clients < 2:
+        raise FederatedError(
+            "secure aggregation needs >= 2 clients per round: the sum of one update is that update"
+        )
+    return secure
 
 
 def positive_number(name: str, value: object) -> float:

@@ -56,6 +56,7 @@ from privacylab.federated.protocol import (
     FederatedError,
     LocalTraining,
     ObservedUpdate,
+    check_secure_aggregation,
     positive_number,
     whole_number,
 )
@@ -73,7 +74,8 @@ class FederationConfig:
     selected uniformly without replacement each round (None: all). `rows_per_client`: None
     splits all rows evenly (iid, seeded shuffle); an int gives each client that many distinct
     rows; a tuple gives client c `rows_per_client[c]` rows. `secure_aggregation`: the server
-    sees only the weighted mean of a round's updates. `server_lr`: the server's step on the
+    sees only the weighted mean of a round's updates (>= 2 clients per round, Bonawitz et al.
+    2017). `server_lr`: the server's step on the
     mean update (1: the paper). `seed`: the row split, the client selection and every
     client's randomness. `executor`, `workers`: where clients run (`make_executor`)."""
 
@@ -113,10 +115,7 @@ class FederationConfig:
             keep("rows_per_client", tuple(whole_number("rows_per_client", r) for r in rows))
         elif rows is not None:
             keep("rows_per_client", whole_number("rows_per_client", rows))
-        if not isinstance(self.secure_aggregation, bool):
-            raise FederatedError(
-                f"secure_aggregation must be True or False, got {self.secure_aggregation!r}"
-            )
+        check_secure_aggregation(self.secure_aggregation, self.per_round)
         keep("server_lr", positive_number("server_lr", self.server_lr))
         keep("seed", whole_number("seed", self.seed, 0))
         if self.executor not in EXECUTORS:
