@@ -28,6 +28,7 @@ from privacylab.cli._common import (
     _writable_folder,
 )
 from privacylab.cli.attack import attack_app
+from privacylab.cli.extraction import _cell
 from privacylab.errors import PrivacylabError
 
 SUMMARY = (
@@ -41,14 +42,6 @@ SUMMARY = (
     ("seconds", "seconds"),
 )
 """(key, header) of the terminal summary."""
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def _options(text: str | None) -> dict[str, Any]:
