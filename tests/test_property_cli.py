@@ -147,6 +147,7 @@ def test_run_property_is_reproducible(tmp_path: Path) -> None:
         (("--method", "dlg"), "is a gradients attack"),
         (("--targets", "3"), "must be even"),
         (("--shadows", "0"), "--shadows must be"),
+        (("--queries", "2000"), "use fewer queries"),
         (("--epochs", "0"), "epochs"),
         (("--model", "nope"), "nope"),
         (("--dataset", "mnist5k", "--model", "cnn"), "layer '0' (Conv2d) is not Linear"),

@@ -46,6 +46,7 @@ from privacylab.attacks.inversion.property import (
     draw_training_sets,
     parse_property,
     run_property_inference,
+    shadow_positions,
     split_pools,
 )
 from privacylab.attacks.membership.references import Recipe, train_one
@@ -275,7 +276,8 @@ def property_models(
     labels = data.labels.numpy()
     prop.check(data.num_classes)
     attacker, owner = split_pools(len(labels), config.seed)
-    size = config.train_size or default_train_size(prop, [attacker, owner], labels)
+    shadow_rows = attacker[shadow_positions(len(attacker), config.queries, config.seed)]
+    size = config.train_size or default_train_size(prop, [shadow_rows, owner], labels)
     training = config.training()
     task = PropertyTask(
         data.features[torch.as_tensor(attacker)],

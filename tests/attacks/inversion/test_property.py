@@ -247,5 +247,7 @@ def test_bad_task_and_options() -> None:
     with pytest.raises(InversionError, match="C must be"):
         BlackBoxProperty(C=-1.0)
     with pytest.raises(InversionError, match="one world per target"):
-        task = PropertyTask(x, y, SPEC, TRAINING, "row-parity")
+        task = PropertyTask(x, y, SPEC, TRAINING, "row-parity", queries=4)
         run_property_inference(BlackBoxProperty(), [], [], task)
+    with pytest.raises(InversionError, match="use fewer queries"):
+        PropertyTask(x, y, SPEC, TRAINING, "row-parity", queries=10)

@@ -77,7 +77,9 @@ __all__ = [
     "draw_training_sets",
     "parse_property",
     "property_names",
+    "query_positions",
     "run_property_inference",
+    "shadow_positions",
     "split_pools",
     "train_property_model",
     "train_shadows",
@@ -282,6 +284,25 @@ def draw_training_sets(
     return out
 
 
+def query_positions(n: int, queries: int, seed: int) -> np.ndarray:
+    """The black-box query set: `queries` of a pool's `n` positions (seeded, without
+    replacement, sorted); InversionError when it would leave no row to train shadows on."""
+    if not 1 <= queries < n:
+        raise InversionError(
+            f"a query set of {queries} rows needs an attacker's pool of more rows, which has {n}; "
+            "use fewer queries"
+        )
+    return np.sort(np.random.default_rng([seed, 3]).choice(n, queries, replace=False))
+
+
+def shadow_positions(n: int, queries: int, seed: int) -> np.ndarray:
+    """Pool positions the shadows train on: all but the query set. The targets never train on
+    the query rows (they come from the attacker's pool), so neither may the shadows: a query
+    row in a shadow's training set would give its answers a membership signal (more often in
+    the world that oversamples the row's class) that no target's answers carry."""
+    return np.setdiff1d(np.arange(n), query_positions(n, queries, seed))
+
+
 def train_property_model(
     spec: ModelSpec,
     training: dict[str, Any],
@@ -338,6 +359,7 @@ class PropertyTask:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InversionError(f"{name} must be a whole number >= 1, got {value!r}")
+        query_positions(len(self.pool_y), self.queries, self.seed)
         if (self.shadow_models is None) != (self.shadow_worlds is None):
             raise InversionError("give shadow_models and shadow_worlds together")
         if self.shadow_models is not None:
@@ -355,17 +377,17 @@ class PropertyTask:
         return self.property
 
     def plan(self) -> list[tuple[int, int, np.ndarray, int]]:
-        """The attacker's shadow training sets: (world, index, pool positions, model seed)."""
-        return draw_training_sets(
-            self.prop, self.pool_y.numpy(), self.train_size, self.shadows, self.seed, 0
+        """The attacker's shadow training sets, drawn from its pool less the query set
+        (`shadow_positions`): (world, index, pool positions, model seed)."""
+        free = shadow_positions(len(self.pool_y), self.queries, self.seed)
+        sets = draw_training_sets(
+            self.prop, self.pool_y.numpy()[free], self.train_size, self.shadows, self.seed, 0
         )
+        return [(w, i, free[rows], seed) for w, i, rows, seed in sets]
 
     def query_rows(self) -> np.ndarray:
-        """The black-box query set: `queries` pool positions (seeded, without replacement
-        where the pool allows)."""
-        n = len(self.pool_y)
-        rng = np.random.default_rng([self.seed, 3])
-        return np.sort(rng.choice(n, self.queries, replace=self.queries > n))
+        """The black-box query set: `queries` pool positions (`query_positions`)."""
+        return query_positions(len(self.pool_y), self.queries, self.seed)
 
 
 def train_shadows(task: PropertyTask) -> tuple[list[nn.Module], list[int]]:
