@@ -4,9 +4,9 @@ white-box, judged by an independent MLP trained on other rows.
 
 Checks: both variants raise the target's confidence in each class far above the blank start;
 the evaluator labels most inversions as their class; queries are counted exactly (one per
-white-box step, 1 + 2n per NES step); the stopping rule (alpha, beta, gamma) is honoured; the
-access is enforced; the run is reproducible under its seed; the declared prior is where it
-starts; bad input is one line.
+white-box step, 1 + 2n per NES step); the NES estimate points along autograd's gradient; the
+stopping rule (alpha, beta, gamma) is honoured; the access is enforced; the run is
+reproducible under its seed; the declared prior is where it starts; bad input is one line.
 """
 
 from __future__ import annotations
@@ -192,3 +192,20 @@ def test_bad_input_is_one_line(build: object, message: str) -> None:
     with pytest.raises(InversionError, match=message) as info:
         build()  # type: ignore[operator]
     assert "\n" not in str(info.value)
+
+
+def test_nes_estimate_follows_the_true_gradient(game: Game) -> None:
+    """The scores-only gradient (antithetic NES at full resolution) points where autograd's
+    does: cosine close to sqrt(n / (n + d)) for n pairs in d = 64 pixels; same cost."""
+    x = game.truth.class_means[3][None].clone()
+    generator = torch.Generator().manual_seed(0)
+    nes = make_inversion("miface", directions=300, sigma=0.01, resolution=8)
+    white = make_inversion("miface-whitebox")
+    target = Target(game.target, Access.WHITEBOX, 10)
+    cost, confidence, estimate = nes._cost_and_gradient(target, x, 7, generator, 1.0)
+    exact_cost, exact_confidence, exact = white._cost_and_gradient(target, x, 7, generator, 1.0)
+    assert cost == pytest.approx(exact_cost, rel=1e-4)
+    assert confidence == pytest.approx(exact_confidence, rel=1e-4)
+    cosine = F.cosine_similarity(estimate.flatten(), exact.flatten(), dim=0)
+    assert cosine > 0.8, float(cosine)
+    assert target.queries == 1 + 2 * 300 + 1
