@@ -21,8 +21,10 @@ from privacylab.attacks.inversion import (
     INVERSION_ATTACKS,
     GradientTask,
     GradientTruth,
+    InversionError,
     inversion_names,
     make_inversion,
+    non_smooth_layer,
     run_reconstruction,
 )
 from privacylab.federated import LocalTraining, ObservedUpdate, local_update
@@ -94,3 +96,33 @@ def test_contract(name: str) -> None:
     target2, task2, _ = _case(name)
     second = run_reconstruction(make_inversion(name, **CHEAP.get(name, {})), target2, task2, lie)
     torch.testing.assert_close(second.x, first.x)
+
+
+@pytest.mark.parametrize(
+    ("options", "word"),
+    [
+        ({"input_shape": (1, 0, 8)}, "input_shape"),
+        ({"input_shape": ()}, "input_shape"),
+        ({"num_classes": 1}, "num_classes"),
+        ({"update": -1}, "update"),
+        ({"seed": 1.5}, "seed"),
+        ({"bounds": (1.0, 0.0)}, "bounds"),
+        ({"labels": torch.tensor([3, 10])}, "labels must lie in 0..9"),
+        ({"labels": torch.tensor([-1])}, "labels must lie in 0..9"),
+    ],
+)
+def test_bad_task_is_one_line(options: dict[str, Any], word: str) -> None:
+    base: dict[str, Any] = {"input_shape": (1, 8, 8), "num_classes": 10}
+    with pytest.raises(InversionError, match=word) as info:
+        GradientTask(**{**base, **options})
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("layer", [nn.ReLU(), nn.Hardsigmoid(), nn.ReLU6(), nn.Threshold(0, 0)])
+def test_second_order_attacks_refuse_piecewise_linear_layers(layer: nn.Module) -> None:
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), layer, nn.Linear(16, 10))
+    assert non_smooth_layer(model) == f"'2' ({type(layer).__name__})"
+    with pytest.raises(InversionError, match="twice-differentiable"):
+        INVERSION_ATTACKS.get("dlg").check_model(model)
+    smooth = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Sigmoid(), nn.MaxPool1d(2))
+    assert non_smooth_layer(smooth) is None

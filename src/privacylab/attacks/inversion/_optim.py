@@ -90,7 +90,7 @@ def match_gradients(
     logits = None
     if labels is None:
         if label_logits is None:
-            raise ValueError("match_gradients needs labels or label_logits")
+            raise InversionError(f"{name}: gradient matching needs labels or label logits")
         logits = label_logits.detach().clone().requires_grad_(True)
         variables.append(logits)
     chunk = max(1, math.ceil(iterations / max(1, chunks)))

@@ -13,18 +13,21 @@ The same identity holds for the change of W_1 and b_1 over several local SGD ste
 example (each step's gradient is delta_t x^T with the same x), so a one-example FedAvg delta
 is recovered exactly too.
 
-For a batch of B examples (FedSGD), row i is the mix sum_b delta_bi x_b / sum_b delta_bi of
-the batch's examples. A unit that one example alone activates (delta_bi = 0 for the others,
-as a ReLU gives) yields that example exactly, and every unit isolating the same example yields
-the same row ratio, while units mixing several examples give ratios that differ from unit to
-unit (their weights delta_bi depend on the unit). So the ratios are grouped (relative distance
-at most `rtol`); groups of two or more units are the isolated examples (largest groups first,
-each solved by least squares over its units), and where fewer than B are isolated the rest are
+For a batch of B examples (FedSGD), row i is the mix sum_b delta_bi x_b / sum_b delta_bi of the
+batch's examples. A unit that one example alone activates (delta_bi = 0 for the others, as a
+ReLU gives) yields that example exactly, and every unit isolating the same example yields the
+same row ratio, while units mixing several examples give ratios that differ from unit to unit
+(their weights delta_bi depend on the unit). So the ratios are grouped (relative distance at
+most `rtol`); groups of two or more units are the isolated examples (largest groups first, each
+solved by least squares over its units), and where fewer than B are isolated the rest are
 filled with the single ratios of the largest |db_i| (mixes, not examples; `params["isolated"]`
-says how many are exact). This is the per-unit separation of Fowl et al. 2022 ("Robbing the
-Fed", Sec. 3) on an unmodified model: it needs wide ReLU layers (many units active for one
-example only) and fails on smooth activations (every unit mixes every example). A batch needs
-FedSGD (local steps over several examples change which units isolate whom).
+says how many are exact). This is the "exclusively activated neurons" of Pan et al. 2022
+("Exploring the Security Boundary of Data Reconstruction via Neuron Exclusivity Analysis",
+USENIX Security), and the per-unit separation Fowl et al. 2022 ("Robbing the Fed", Sec. 3)
+force with malicious weights, here on an unmodified model: it needs wide ReLU layers (many
+units active for one example only) and fails on smooth activations (every unit mixes every
+example). A batch needs FedSGD (local steps over several examples change which units isolate
+whom).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from privacylab.attacks.inversion.base import (
     GradientTask,
     InversionError,
     Reconstruction,
+    number_option,
     register_inversion,
 )
 from privacylab.attacks.inversion.labels import recover_labels
@@ -91,10 +95,9 @@ class AnalyticRecovery(GradientAttack):
     aliases: ClassVar[tuple[str, ...]] = ("phong",)
 
     def __init__(self, rtol: float = 1e-5) -> None:
-        ok = isinstance(rtol, int | float) and not isinstance(rtol, bool) and math.isfinite(rtol)
-        if not ok or not 0 < rtol < 1:
+        self.rtol = number_option("analytic", "rtol", rtol)
+        if self.rtol >= 1:
             raise InversionError(f"analytic: rtol must be a number in (0, 1), got {rtol!r}")
-        self.rtol = float(rtol)
 
     def reconstruct(self, target: Target, task: GradientTask) -> Reconstruction:
         """One example: x = sum_i db_i dW_i / sum_i db_i^2 over the first layer's units; a

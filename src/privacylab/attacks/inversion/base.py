@@ -22,6 +22,7 @@ The attacker's replay of a client is `privacylab.federated.local_update` with
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -35,7 +36,7 @@ from privacylab.attacks.core import Attack, ThreatModel, execute
 from privacylab.errors import PrivacylabError
 from privacylab.federated import LocalTraining, ObservedUpdate, local_update
 from privacylab.registry import Registry
-from privacylab.stats.images import image_scores, label_accuracy, psnr, to_unit
+from privacylab.stats.images import image_scores, label_accuracy
 from privacylab.target import Access, Target
 
 __all__ = [
@@ -52,10 +53,13 @@ __all__ = [
     "inversion_class",
     "inversion_names",
     "make_inversion",
+    "moved",
     "non_smooth_layer",
+    "number_option",
     "register_inversion",
     "replay",
     "run_reconstruction",
+    "whole_option",
 ]
 
 KINDS = ("gradients", "model", "property")
@@ -70,6 +74,25 @@ step size), without which a multi-step FedAvg update cannot be replayed."""
 
 class InversionError(PrivacylabError, ValueError):
     """A reconstruction attack cannot run on this target or task; one line."""
+
+
+def whole_option(attack: str, name: str, value: object, low: int = 1) -> int:
+    """`value` as a whole number >= `low`, else a one-line InversionError naming `attack`'s
+    option `name` (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise InversionError(f"{attack}: {name} must be a whole number >= {low}, got {value!r}")
+    return int(value)
+
+
+def number_option(attack: str, name: str, value: object, *, zero: bool = False) -> float:
+    """`value` as a finite number > 0 (>= 0 with `zero`), else a one-line InversionError naming
+    `attack`'s option `name` (bools refused)."""
+    real = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
+    number = float(value) if real else math.nan  # type: ignore[arg-type]
+    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
+        bound = ">= 0" if zero else "> 0"
+        raise InversionError(f"{attack}: {name} must be a finite number {bound}, got {value!r}")
+    return number
 
 
 class InversionAttack(Attack[Any, Any]):
@@ -145,13 +168,22 @@ class GradientTask:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.input_shape = tuple(int(s) for s in self.input_shape)
+        shape = tuple(self.input_shape)
+        if not shape or any(isinstance(s, bool) or int(s) != s or s < 1 for s in shape):
+            raise InversionError(f"input_shape must be whole numbers >= 1, got {shape!r}")
+        self.input_shape = tuple(int(s) for s in shape)
+        self.num_classes = whole_option("task", "num_classes", self.num_classes, 2)
+        self.update = whole_option("task", "update", self.update, 0)
+        self.seed = whole_option("task", "seed", self.seed, 0)
         low, high = (float(b) for b in self.bounds)
         if not (np.isfinite(low) and np.isfinite(high) and low < high):
             raise InversionError(f"bounds must be finite with low < high, got {self.bounds!r}")
         self.bounds = (low, high)
         if self.labels is not None:
-            self.labels = torch.as_tensor(self.labels).long().reshape(-1)
+            labels = torch.as_tensor(self.labels).long().reshape(-1)
+            if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
+                raise InversionError(f"labels must lie in 0..{self.num_classes - 1}")
+            self.labels = labels
 
     def restricted_to(self, side_information: Iterable[str]) -> GradientTask:
         """The task without the side information not named."""
@@ -205,7 +237,8 @@ class ReconstructionResult:
     `mse`, `psnr`, `ssim`: means over the batch after matching (`stats.images`), in [0, 1]
     pixel space; `per_example` the matched per-image scores; `order` the matching;
     `label_accuracy` the share of labels recovered (multisets; NaN when the attack returns
-    none); `baseline_psnr` the PSNR of the dummy initialisation (what no leakage gives);
+    none); `baseline_psnr` the PSNR of the dummy initialisation, matched to the batch the same
+    way (what no leakage gives; NaN for an attack without one);
     `queries` the forward passes it ran through the target's model; `defense` the update
     defence (its spec; set by the caller). `x`, `truth` are kept for pictures, not in
     `to_dict`."""
@@ -308,17 +341,40 @@ class GradientAttack(InversionAttack):
         return task.local_training
 
 
-PIECEWISE_LINEAR = (nn.ReLU, nn.LeakyReLU, nn.ReLU6, nn.Hardtanh, nn.PReLU, nn.MaxPool2d)
+PIECEWISE_LINEAR = (
+    nn.ReLU,
+    nn.LeakyReLU,
+    nn.ReLU6,
+    nn.RReLU,
+    nn.PReLU,
+    nn.Hardtanh,
+    nn.Hardsigmoid,
+    nn.Hardshrink,
+    nn.Softshrink,
+    nn.Threshold,
+)
+"""Activations whose second derivative is zero almost everywhere (ReLU6 and Hardtanh share
+a base class; listed for the reader). Max-pooling is piecewise linear too but only routes
+values, so it is not here."""
 
 
 def non_smooth_layer(model: nn.Module) -> str | None:
-    """The first activation of `model` whose second derivative is zero almost everywhere,
-    as "'name' (Type)", or None when every activation is smooth. Max-pooling is piecewise
-    linear too but only routes values; it is allowed."""
+    """The first activation of `model` in `PIECEWISE_LINEAR`, as "'name' (Type)", or None
+    when every activation is smooth."""
     for name, module in model.named_modules():
-        if isinstance(module, PIECEWISE_LINEAR) and not isinstance(module, nn.MaxPool2d):
+        if isinstance(module, PIECEWISE_LINEAR):
             return f"'{name.removeprefix('inner.')}' ({type(module).__name__})"
     return None
+
+
+def moved(update: ObservedUpdate, device: torch.device, dtype: torch.dtype) -> ObservedUpdate:
+    """`update` with its state and update detached on `device` in `dtype` (the target
+    model's), for an attack that replays it."""
+    return replace(
+        update,
+        state={k: v.detach().to(device=device, dtype=dtype) for k, v in update.state.items()},
+        update={k: v.detach().to(device=device, dtype=dtype) for k, v in update.update.items()},
+    )
 
 
 def replay(
@@ -351,8 +407,8 @@ def run_reconstruction(
     accuracy = float("nan") if labels is None else label_accuracy(labels.numpy(), truth.y)
     baseline = float("nan")
     if rec.initial is not None and tuple(rec.initial.shape) == tuple(true_x.shape):
-        initial = to_unit(rec.initial.detach().cpu().numpy(), task.bounds)
-        baseline = float(np.mean(psnr(initial, to_unit(true_x.numpy(), task.bounds))))
+        initial = rec.initial.detach().cpu().numpy()
+        baseline = float(image_scores(initial, true_x.numpy(), task.bounds)["psnr"])  # type: ignore[arg-type]
     return ReconstructionResult(
         method=attack.name,
         access=done.access.value,

@@ -20,8 +20,6 @@ attack and refuses a FedAvg update in one line.
 
 from __future__ import annotations
 
-import math
-from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -34,7 +32,10 @@ from privacylab.attacks.inversion.base import (
     GradientTask,
     InversionError,
     Reconstruction,
+    moved,
+    number_option,
     register_inversion,
+    whole_option,
 )
 from privacylab.federated import LocalTraining, ObservedUpdate
 from privacylab.target import Access, Target
@@ -43,21 +44,6 @@ __all__ = ["DLG", "PAPER_MAX_BATCH", "DLGFedAvg"]
 
 PAPER_MAX_BATCH = 8
 """The largest batch Zhu et al. 2019 reconstruct (their Fig. 5)."""
-
-
-def _whole(name: str, value: object, attack: str, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InversionError(f"{attack}: {name} must be a whole number >= {low}, got {value!r}")
-    return value
-
-
-def moved(update: ObservedUpdate, device: torch.device, dtype: torch.dtype) -> ObservedUpdate:
-    """`update` with its state and update detached on `device` in `dtype`."""
-    return replace(
-        update,
-        state={k: v.detach().to(device=device, dtype=dtype) for k, v in update.state.items()},
-        update={k: v.detach().to(device=device, dtype=dtype) for k, v in update.update.items()},
-    )
 
 
 @register_inversion("dlg")
@@ -78,12 +64,9 @@ class DLG(GradientAttack):
     needs_smooth: ClassVar[bool] = True
 
     def __init__(self, iterations: int = 300, restarts: int = 1, tol: float = 1e-9) -> None:
-        self.iterations = _whole("iterations", iterations, self._label())
-        self.restarts = _whole("restarts", restarts, self._label())
-        ok = isinstance(tol, int | float) and not isinstance(tol, bool) and math.isfinite(tol)
-        if not ok or tol < 0:
-            raise InversionError(f"{self._label()}: tol must be a finite number >= 0, got {tol!r}")
-        self.tol = float(tol)
+        self.iterations = whole_option(self._label(), "iterations", iterations)
+        self.restarts = whole_option(self._label(), "restarts", restarts)
+        self.tol = number_option(self._label(), "tol", tol, zero=True)
 
     @classmethod
     def _label(cls) -> str:

@@ -52,7 +52,9 @@ class IDLG(DLG):
 @register_inversion("idlg-fedavg")
 class IDLGFedAvg(IDLG):
     """iDLG on an update of multi-step FedAvg, replaying the clients' local steps (side
-    information "local-training"); the labels are read off the delta divided by lr times the
-    number of steps, exact only for a single local step."""
+    information "local-training"). One example's label is still exact (the bias delta is a sum
+    of steps that are all negative in the true class only); a batch's counts come from the
+    delta divided by lr times the number of steps, with the mean softmax estimated at the
+    midpoint weights: an approximation (`labels` module docstring)."""
 
     threat_model: ClassVar[ThreatModel] = ThreatModel(Access.UPDATES, ("local-training",))
