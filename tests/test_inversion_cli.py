@@ -1,6 +1,7 @@
 """`privacylab attack inversion`: MI-Face on a softmax regression saved by `privacylab train`
 (8x8 digits), the issue's JSON keys, the report with pictures (`--out`), each class stored as
-it finishes (a run stopped after one class resumes there), and one-line refusals (exit 2)."""
+it finishes (a run stopped after one class resumes there, with the evaluator it saved), and
+one-line refusals (exit 2)."""
 
 from __future__ import annotations
 
@@ -101,12 +102,18 @@ def test_a_stopped_run_resumes_at_the_next_class(
     with pytest.raises(KeyboardInterrupt):  # killed while class 5 runs; class 4 is stored
         invert.run_inversion(model, "miface-whitebox", (4, 5), options=options, cache=tmp_path)
     monkeypatch.setattr(invert, "run_model_inversion", real)
+
+    def trains_again(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("the evaluator saved by the stopped run is trained again")
+
+    monkeypatch.setattr(invert, "train_evaluator", trains_again)
     out = run_json(
         "--target", str(model), "--method", "miface-whitebox", "--options", FAST,
         "--class", "4,5", "--cache", str(tmp_path),
     )  # fmt: skip
     assert calls == [(4,), (5,)]  # the killed run got as far as class 5
     assert [c["from_store"] for c in out["classes"]] == [True, False]  # only 5 recomputed
+    assert out["evaluator"]["architecture"] == "mlp"  # its facts, stored with its weights
 
 
 @pytest.mark.parametrize(

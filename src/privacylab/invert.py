@@ -17,6 +17,8 @@ What each party holds:
 Every class's result (scores and image) is written to the result store as it finishes, keyed
 by the target's weights digest, the method and its options, the class, the seed and the
 evaluator; a second run serves it from the store, and a killed run resumes at the next class.
+The evaluator is saved beside the store (safetensors and its sidecar) once trained, and
+loaded, not trained again, by every later run that needs it.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from privacylab.attacks.inversion.miface import (
 from privacylab.data import Dataset, train_test_indices
 from privacylab.execution import ResultStore, config_key
 from privacylab.extract import Progress, Victim, _clean, load_victim
-from privacylab.models import build_model
+from privacylab.models import ModelSpec, build_model, load_model, save_model
 from privacylab.target import Target
 from privacylab.training import TrainConfig, train
 
@@ -207,7 +209,7 @@ def inversion_rows(
     """Invert each class (all when `classes` is None) of the model at `target`, one class at a
     time, each row (the `ModelInversionResult` class row with `queries`, `seconds` and the
     image) written to the store in `cache` as it finishes and served from it when present.
-    The evaluator is trained only when a class has to be computed; its facts are stored too.
+    The evaluator is trained (or loaded, once saved) only when a class has to be computed.
     Returns the target, the evaluator's facts, the rows, the images and the class means."""
     cls = inversion_class(method, "model")
     method = cls.name
@@ -236,21 +238,31 @@ def inversion_rows(
     images: dict[int, np.ndarray] = {}
     trained: list[InversionTruth] = []
 
+    saved = folder / f"evaluator-{evaluator_key[:16]}"
+
     def truth(store: ResultStore) -> InversionTruth:
-        """The evaluator, trained on first need (not at all when every class is stored)."""
+        """The evaluator, on first need (not at all when every class is stored): loaded from
+        `saved` when an earlier run trained it, else trained and saved (weights first, then
+        its facts, so that facts in the store mean the weights are complete)."""
         if not trained:
-            if progress:
-                progress(f"inversion: training the evaluator ({architecture})", 0, len(chosen))
-            evaluator = train_evaluator(
-                victim.data,
-                loaded.test_rows,
-                architecture,
-                evaluator_seed,
-                held_out=loaded.train_rows,
-                device=device,
-            )
-            store.put(EVALUATORS, evaluator_key, _clean(evaluator.facts()))
-            trained.append(InversionTruth(evaluator.model, means))
+            if store.get(EVALUATORS, evaluator_key) is not None:
+                model = load_model(saved, device=device)[0]
+            else:
+                if progress:
+                    progress(f"inversion: training the evaluator ({architecture})", 0, len(chosen))
+                evaluator = train_evaluator(
+                    victim.data,
+                    loaded.test_rows,
+                    architecture,
+                    evaluator_seed,
+                    held_out=loaded.train_rows,
+                    device=device,
+                )
+                spec = ModelSpec(architecture, victim.data.input_shape, victim.data.num_classes)
+                save_model(evaluator.model, saved, spec, {"evaluator": _clean(evaluator.facts())})
+                store.put(EVALUATORS, evaluator_key, _clean(evaluator.facts()))
+                model = evaluator.model
+            trained.append(InversionTruth(model, means))
         return trained[0]
 
     with ResultStore(folder / "store.sqlite") as store:
@@ -300,9 +312,6 @@ def inversion_rows(
             images[label] = image
             rows.append({**row, "from_store": from_store})
         facts = store.get(EVALUATORS, evaluator_key)
-        if facts is None:  # stored before any class row; absent only from a damaged store
-            truth(store)
-            facts = store.get(EVALUATORS, evaluator_key)
     if progress:
         progress("inversion", len(chosen), len(chosen))
     return loaded, dict(facts or {}), rows, images, means
