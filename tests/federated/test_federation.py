@@ -250,6 +250,20 @@ def test_the_local_executor_gives_the_serial_numbers() -> None:
     assert all(torch.equal(v, pooled.state[k]) for k, v in serial.state.items())
 
 
+def test_dropout_masks_come_from_the_federation_seed_not_the_global_generator() -> None:
+    x, y = _rows(20)
+    model = build_model("mlp", (1, 8, 8), 10, seed=0, widths=(16,), dropout=0.5)
+    sent = []
+    for global_seed, seed in ((0, 0), (1, 0), (0, 1)):
+        torch.manual_seed(global_seed)
+        before = torch.get_rng_state()
+        (only,) = Federation(model, x, y, FederationConfig(clients=1, seed=seed)).round(1)
+        assert torch.equal(torch.get_rng_state(), before)  # the caller's generator is restored
+        sent.append(only.update)
+    assert all(torch.equal(sent[0][k], sent[1][k]) for k in sent[0])
+    assert not all(torch.equal(sent[0][k], sent[2][k]) for k in sent[0])
+
+
 class _Halve:
     """A defence recording what each client asks of it and halving the update."""
 

@@ -13,8 +13,8 @@ model as it is, and the server's observation comes back.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +38,7 @@ __all__ = [
     "check_labels",
     "check_rows",
     "client_generator",
+    "global_rng",
     "observe",
     "output_width",
     "run_client",
@@ -50,6 +51,7 @@ __all__ = [
 SPLIT_STREAM = 0
 SELECTION_STREAM = 1
 CLIENT_STREAM = 2
+DROPOUT_STREAM = 3
 
 
 def stream_seed(seed: int, stream: int, *parts: int) -> int:
@@ -67,6 +69,21 @@ def client_generator(
     generator = torch.Generator(device=torch.device(device))
     generator.manual_seed(stream_seed(seed, CLIENT_STREAM, round, client))
     return generator
+
+
+@contextmanager
+def global_rng(seed: int, device: torch.device) -> Iterator[None]:
+    """Run the block with torch's global generator (CPU, and `device`'s if CUDA) seeded by
+    `seed`, then restore the caller's state: dropout masks inside `functional_call` and `vmap`
+    draw from it, not from a generator passed in."""
+    devices = []
+    if device.type == "cuda":
+        devices = [torch.cuda.current_device() if device.index is None else device.index]
+    with torch.random.fork_rng(devices=devices):
+        torch.random.default_generator.manual_seed(seed)
+        for index in devices:
+            torch.cuda.default_generators[index].manual_seed(seed)
+        yield
 
 
 def split_evenly(n: int, parts: int) -> list[np.ndarray]:
@@ -123,8 +140,10 @@ class ClientResult:
 def run_client(task: ClientTask) -> ClientResult:
     """Run one client's round: local training from `task.state` on its rows (with the
     defence's local DP-SGD, if any), then the defence's transformation of the update; every
-    random draw comes from `client_generator(seed, round, client)`. On the CPU it runs on one
-    thread, as in a `LocalExecutor` worker, so that every executor gives the same bits."""
+    random draw comes from `client_generator(seed, round, client)` (dropout from torch's
+    global generator, seeded for the call from a stream of its own and then restored). On the
+    CPU it runs on one thread, as in a `LocalExecutor` worker, so that every executor gives
+    the same bits."""
     device = torch.device(task.device)
     model = task.model.to(device)
     state = {k: v.to(device) for k, v in task.state.items()}
@@ -135,7 +154,8 @@ def run_client(task: ClientTask) -> ClientResult:
     if task.defense is not None:
         privacy = task.defense.local_privacy(training=task.training, examples=n, rounds=task.rounds)
     threads = torch_threads(1) if device.type == "cpu" else nullcontext()
-    with threads:
+    dropout_seed = stream_seed(task.seed, DROPOUT_STREAM, task.round, task.client)
+    with threads, global_rng(dropout_seed, device):
         update = local_update(
             model, state, x, y, task.training, privacy=privacy, generator=generator
         )
