@@ -28,13 +28,13 @@ def test_single_example_rule_is_exact(request, digits, observe, model_name):
 
 
 def test_single_example_rule_without_bias_uses_row_norms(digits, observe):
+    torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Flatten(),
         torch.nn.Linear(64, 16),
         torch.nn.Tanh(),
         torch.nn.Linear(16, 10, bias=False),
     )
-    torch.manual_seed(0)
     x, y = digits
     hits = 0
     for row in _rows(2, 20, len(y)):
