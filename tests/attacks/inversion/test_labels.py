@@ -8,6 +8,7 @@ import torch
 from privacylab.attacks.inversion import InversionError
 from privacylab.attacks.inversion.labels import output_layer, recover_labels
 from privacylab.federated import LocalTraining
+from privacylab.federated.clients import observe as observe_clients
 
 NUM_CLASSES = 10
 
@@ -90,3 +91,20 @@ def test_refusals(digits, observe):
     assert recover_labels(update, conv_head, 1, NUM_CLASSES) is None
     with pytest.raises(InversionError, match="batch_size"):
         recover_labels(update, model, 0, NUM_CLASSES)
+
+
+def test_fedavg_counts_under_secure_aggregation(lenet, digits):
+    """The server sees the mean of 2 clients' deltas, each of 2 local steps on 4 rows: the
+    delta is divided by one client's step count (with the round's 4 steps: 1 of 10)."""
+    x, y = digits
+    training = LocalTraining("fedavg", epochs=1, batch_size=2, lr=0.1)
+    hits = 0
+    for seed in range(10):
+        index = torch.tensor(_rows(seed, 8, len(y)))
+        (update,) = observe_clients(
+            lenet, x[index], y[index], training=training, clients=2, secure_aggregation=True
+        )
+        assert update.aggregated and update.num_examples == 8
+        labels = recover_labels(update, lenet, 8, NUM_CLASSES, training=training)
+        hits += labels.tolist() == sorted(y[index].tolist())
+    assert hits >= 8  # measured 9 of 10
