@@ -38,7 +38,9 @@ et al. 2018, "Black-box Adversarial Attacks with Limited Queries and Information
 grad c(x) ~ 1/(2 n sigma) sum_k (c(x + sigma u_k) - c(x - sigma u_k)) u_k, with `directions`
 = n pairs drawn at a coarse `resolution` and upsampled bilinearly (the "tiling" prior of Ilyas
 et al. 2019, "Prior Convictions", Sec. 4: fewer dimensions to estimate, smooth steps). The
-current point and the 2n probes go to the target as one batch per iteration, 1 + 2n queries.
+current point and the 2n probes go to the target as one batch per iteration, 1 + 2n queries;
+probes are not clamped to the box (that would bias the estimate at its faces), so a target
+that refuses inputs outside it cannot be attacked this way.
 `miface-whitebox` (WHITEBOX) takes the exact gradient by autograd through `target.model`, one
 query per iteration.
 
