@@ -415,6 +415,12 @@ def test_bad_data_and_rounds_are_one_line() -> None:
         (lambda: observe(model, x, y.float()), r"probability rows \(n, 10\)"),
         (lambda: observe(model, x, torch.full((10, 10), float("nan"))), "finite and >= 0"),
         (lambda: observe(model, x[:, :, :4], y), "cannot run on x"),
+        (lambda: observe(None, x, y), "model must be a torch module"),  # type: ignore[arg-type]
+        (lambda: observe(model, x, y, defense="noise:1e-2"), "defense must be a client defence"),
+        (
+            lambda: Federation(model, x, y, FederationConfig(), defense="fp16"),  # type: ignore[arg-type]
+            "defense must be a client defence",
+        ),
     ]
     for build, message in cases:
         with pytest.raises(FederatedError, match=message) as info:

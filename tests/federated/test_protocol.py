@@ -96,3 +96,5 @@ def test_an_update_must_match_the_state() -> None:
         ObservedUpdate(0, (0,), state, {"w": torch.zeros(3)}, 1)
     with pytest.raises(FederatedError, match="different parameters"):
         ObservedUpdate(0, (0,), state, {"v": torch.zeros(2, 2)}, 1)
+    with pytest.raises(FederatedError, match="num_examples must be a whole number >= 1"):
+        ObservedUpdate(0, (0,), state, {"w": torch.zeros(2, 2)}, None)  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from privacylab.federated.protocol import (
     FederatedError,
     LocalTraining,
     ObservedUpdate,
+    check_defense,
     check_secure_aggregation,
     whole_number,
 )
@@ -248,6 +249,9 @@ def observe(
     Returns one `ObservedUpdate` per client, or with `secure_aggregation` (Bonawitz et al.
     2017) only their example-weighted mean. `rounds` is the number of rounds of the whole
     federation, over which a DP defence spreads its privacy budget. `model` is not changed."""
+    if not isinstance(model, nn.Module):
+        raise FederatedError(f"model must be a torch module, got {type(model).__name__}")
+    defense = check_defense(defense)
     training = LocalTraining() if training is None else training
     if not isinstance(training, LocalTraining):
         raise FederatedError(f"training must be a LocalTraining, got {type(training).__name__}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -32,6 +32,7 @@ __all__ = [
     "LocalPrivacy",
     "LocalTraining",
     "ObservedUpdate",
+    "check_defense",
     "check_secure_aggregation",
     "positive_number",
     "whole_number",
@@ -160,8 +161,7 @@ class ObservedUpdate:
                     f"update {name!r} has shape {tuple(value.shape)}, "
                     f"the parameter {tuple(self.state[name].shape)}"
                 )
-        if self.num_examples < 1:
-            raise FederatedError(f"an update needs >= 1 example, got {self.num_examples}")
+        self.num_examples = whole_number("an update's num_examples", self.num_examples)
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,7 @@ class LocalPrivacy:
             object.__setattr__(self, name, positive_number(name, getattr(self, name)))
 
 
+@runtime_checkable
 class ClientDefense(Protocol):
     """What a federated client applies to its update (implemented in
     `privacylab.defenses.update`): `local_privacy` turns its local training into DP-SGD
@@ -193,3 +194,13 @@ class ClientDefense(Protocol):
     ) -> LocalPrivacy | None: ...
 
     def apply(self, update: dict[str, Tensor], generator: torch.Generator) -> dict[str, Tensor]: ...
+
+
+def check_defense(defense: object) -> ClientDefense | None:
+    """`defense` if it is None or a `ClientDefense`, else FederatedError (one line)."""
+    if defense is not None and not isinstance(defense, ClientDefense):
+        raise FederatedError(
+            "defense must be a client defence (privacylab.defenses.update."
+            f"parse_update_defense), got {type(defense).__name__}"
+        )
+    return defense

@@ -56,6 +56,7 @@ from privacylab.federated.protocol import (
     FederatedError,
     LocalTraining,
     ObservedUpdate,
+    check_defense,
     check_secure_aggregation,
     positive_number,
     whole_number,
@@ -281,7 +282,7 @@ class Federation:
             raise FederatedError(f"model must be a torch module, got {type(model).__name__}")
         x, y = _labelled_rows(x, y, "training")
         self.config = config
-        self.defense = defense
+        self.defense = check_defense(defense)
         self.device = torch.device(device)
         self._model = copy.deepcopy(model).to(self.device)
         if not any(True for _ in self._model.parameters()):
