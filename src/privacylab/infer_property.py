@@ -270,9 +270,8 @@ def property_models(
     prop = parse_property(config.property)
     data = load_dataset(config.dataset, config.root)
     spec = ModelSpec(config.model, data.input_shape, data.num_classes, config.model_options)
-    probe = spec.build(seed=0)
     if "property-whitebox" in methods:
-        dense_layers(probe)
+        dense_layers(spec.build(seed=0))
     labels = data.labels.numpy()
     prop.check(data.num_classes)
     attacker, owner = split_pools(len(labels), config.seed)

@@ -26,7 +26,8 @@ Two meta-classifiers:
   (concatenated, not summed) for rho. Refuses anything but a stack of Linear layers and
   element-wise activations, naming the layer.
 - `property-blackbox` (scores access): the target's probability vectors on a fixed query set
-  the attacker draws from its pool (every query counted), with their mean, into a logistic
+  the attacker draws from its pool and keeps out of every shadow's training set
+  (`shadow_positions`; every query counted), with their mean, into a logistic
   regression (sklearn; the meta-classifier of Ateniese et al. 2015 on outputs rather than
   weights).
 
