@@ -25,9 +25,11 @@ from privacylab.attacks.inversion import (
     inversion_names,
     make_inversion,
     non_smooth_layer,
+    replay,
     run_reconstruction,
 )
 from privacylab.federated import LocalTraining, ObservedUpdate, local_update
+from privacylab.federated.clients import observe
 from privacylab.models import build_model
 from privacylab.target import Access, AccessError, Target
 
@@ -126,3 +128,29 @@ def test_second_order_attacks_refuse_piecewise_linear_layers(layer: nn.Module) -
         INVERSION_ATTACKS.get("dlg").check_model(model)
     smooth = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Sigmoid(), nn.MaxPool1d(2))
     assert non_smooth_layer(smooth) is None
+
+
+@pytest.mark.parametrize(
+    ("training", "clients"),
+    [
+        (LocalTraining(), 1),
+        (LocalTraining(), 3),
+        (LocalTraining("fedavg", epochs=2, batch_size=2, lr=0.1), 1),
+        (LocalTraining("fedavg", epochs=2, batch_size=2, lr=0.1), 3),
+    ],
+)
+def test_replay_of_the_true_batch_is_the_observed_update(
+    training: LocalTraining, clients: int
+) -> None:
+    """The attacker's replay is the protocol: on the client's true rows it gives back exactly
+    what the server observed, also for the mean of k securely aggregated FedAvg clients (each
+    stepping on its own rows; one client on all rows would differ)."""
+    model = _model("dlg")
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.rand(7, 1, 8, 8, generator=gen), torch.randint(0, 10, (7,), generator=gen)
+    (update,) = observe(
+        model, x, y, training=training, clients=clients, secure_aggregation=clients > 1
+    )
+    replayed = replay(model, update, x, y, training)
+    for name, value in update.update.items():
+        torch.testing.assert_close(replayed[name].detach(), value, rtol=1e-5, atol=1e-7)

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from privacylab.attacks.core import Attack, ThreatModel, execute
 from privacylab.errors import PrivacylabError
 from privacylab.federated import LocalTraining, ObservedUpdate, local_update
+from privacylab.federated.clients import split_evenly, weighted_mean
 from privacylab.registry import Registry
 from privacylab.stats.images import image_scores, label_accuracy
 from privacylab.target import Access, Target
@@ -382,8 +383,19 @@ def replay(
 ) -> dict[str, Tensor]:
     """The update a client holding (`x`, `y`) would have sent from `update.state`,
     differentiable in `x` and `y` (soft labels allowed): the attacker's side of
-    `federated.local_update`."""
-    return local_update(model, update.state, x, y, training, create_graph=True)
+    `federated.local_update`. A securely aggregated FedAvg update is replayed as the protocol
+    made it: the rows cut in order among its k clients (`split_evenly`), each client's local
+    steps on its own rows, then the example-weighted mean (`weighted_mean`); for FedSGD that
+    mean is the gradient over all rows, one call."""
+    clients = len(update.clients)
+    if not update.aggregated or clients < 2 or training.algorithm == "fedsgd":
+        return local_update(model, update.state, x, y, training, create_graph=True)
+    parts = split_evenly(int(x.shape[0]), clients)
+    deltas = [
+        local_update(model, update.state, x[rows], y[rows], training, create_graph=True)
+        for rows in map(torch.as_tensor, parts)
+    ]
+    return weighted_mean(deltas, [len(rows) for rows in parts])
 
 
 def run_reconstruction(
