@@ -51,6 +51,7 @@ __all__ = [
     "InversionError",
     "Reconstruction",
     "ReconstructionResult",
+    "client_steps",
     "inversion_class",
     "inversion_names",
     "make_inversion",
@@ -376,6 +377,16 @@ def moved(update: ObservedUpdate, device: torch.device, dtype: torch.dtype) -> O
         state={k: v.detach().to(device=device, dtype=dtype) for k, v in update.state.items()},
         update={k: v.detach().to(device=device, dtype=dtype) for k, v in update.update.items()},
     )
+
+
+def client_steps(update: ObservedUpdate, training: LocalTraining) -> int:
+    """The local steps each client behind `update` took: on all its rows, or under secure
+    aggregation on its share of them (rows cut near-evenly among the k clients, the largest
+    share)."""
+    rows = update.num_examples
+    if update.aggregated:
+        rows = -(-rows // max(1, len(update.clients)))
+    return training.steps(rows)
 
 
 def replay(

@@ -32,6 +32,7 @@ from privacylab.attacks.inversion.base import (
     GradientTask,
     InversionError,
     Reconstruction,
+    client_steps,
     moved,
     number_option,
     register_inversion,
@@ -129,7 +130,7 @@ class DLG(GradientAttack):
             "labels": source,
             "lbfgs_iterations": kept.iterations,
             "evaluations": sum(run.evaluations for run in runs),
-            "local_steps": training.steps(n),
+            "local_steps": client_steps(observed, training),
             "training": training.to_dict(),
         }
         if n > PAPER_MAX_BATCH:

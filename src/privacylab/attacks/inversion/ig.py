@@ -41,6 +41,7 @@ from privacylab.attacks.inversion.base import (
     GradientTask,
     InversionError,
     Reconstruction,
+    client_steps,
     moved,
     number_option,
     register_inversion,
@@ -191,7 +192,7 @@ class InvertingGradients(GradientAttack):
                 "signed": self.signed,
                 "kept_restart": best,
                 "labels": source,
-                "local_steps": training.steps(observed.num_examples),
+                "local_steps": client_steps(observed, training),
                 "training": training.to_dict(),
             },
         )

@@ -38,7 +38,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from privacylab.attacks.inversion.base import InversionError
+from privacylab.attacks.inversion.base import InversionError, client_steps
 from privacylab.federated import LocalTraining, ObservedUpdate
 
 __all__ = ["output_layer", "recover_labels"]
@@ -73,10 +73,7 @@ def _mean_gradient(
         return [update.update[k].detach().double() for k in keys]
     if training is None:
         return None
-    rows = update.num_examples
-    if update.aggregated:  # the mean of the clients' deltas, each over its own ~N / k rows
-        rows = -(-rows // max(1, len(update.clients)))
-    scale = training.lr * training.steps(rows)
+    scale = training.lr * client_steps(update, training)
     return [update.update[k].detach().double() / scale for k in keys]
 
 
