@@ -215,9 +215,12 @@ class GradientConfig:
         if self.local_batch_size is not None:
             _whole(self.local_batch_size, "local batch size", 1)
         lr = self.local_lr
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr):
-            raise InversionError(f"local lr must be a finite number > 0, got {lr!r}")
-        if lr <= 0:
+        if (
+            isinstance(lr, bool)
+            or not isinstance(lr, (int, float))
+            or not math.isfinite(lr)
+            or lr <= 0
+        ):
             raise InversionError(f"local lr must be a finite number > 0, got {lr!r}")
         if self.examples is not None:
             for i in self.examples:
@@ -566,8 +569,6 @@ def defense_grid(
     finally:
         if handle is not None:
             handle.close()
-    if progress:
-        progress("gradients", len(configs), len(configs))
     return rows
 
 

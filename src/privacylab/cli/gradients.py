@@ -9,7 +9,6 @@ One defence prints the issue's flat object (`method`, `psnr`, `ssim`, `mse`,
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,12 +20,11 @@ from privacylab.cli._common import (
     _emit_json,
     _guarded,
     _path_arg,
-    _plain_table,
     _Stages,
     _stderr,
     _writable_file,
-    _writable_folder,
 )
+from privacylab.cli._reports import check_paths, json_options, print_summary
 from privacylab.cli.attack import attack_app
 from privacylab.errors import PrivacylabError
 
@@ -49,14 +47,6 @@ HIDDEN = ("images",)
 """Row keys left out of the printed JSON (the pixels are in results.json with --out)."""
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 def _payload(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The CLI's JSON: one run flat, several under `results`."""
     shown = [{k: v for k, v in r.items() if k not in HIDDEN} for r in rows]
@@ -74,28 +64,12 @@ def _payload(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def _examples(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
-    parts = [p.strip() for p in text.split(",") if p.strip()]
     try:
-        values = tuple(int(p) for p in parts)
+        return tuple(int(p) for p in text.split(","))
     except ValueError:
         raise PrivacylabError(
             f"--examples must be comma-separated row indices, e.g. 0,5,9; got {text!r}"
         ) from None
-    if not values:
-        raise PrivacylabError("--examples names no row; write e.g. 0,5,9")
-    return values
-
-
-def _options(text: str | None) -> dict[str, Any]:
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise PrivacylabError(f"--options is not JSON: {error.msg} at {error.pos}") from None
-    if not isinstance(value, dict):
-        raise PrivacylabError('--options must be a JSON object, e.g. {"iterations": 300}')
-    return value
 
 
 def _defenses(text: str) -> list[str]:
@@ -217,7 +191,7 @@ def attack_gradients_command(
             clients=clients,
             labels_known=labels_known,
             target=str(target) if target is not None else None,
-            options=_options(options),
+            options=json_options(options, '{"iterations": 300}'),
             seed=seed,
             device=_device(device),
             root=str(root) if root is not None else None,
@@ -225,12 +199,7 @@ def attack_gradients_command(
         configs = defense_configs(base, _defenses(defense))
         for config in configs:
             config.validate()
-        if root is not None and not root.is_dir():
-            raise PrivacylabError(f"--root {root} is not a folder")
-        if target is not None and not target.is_dir():
-            raise PrivacylabError(f"--target {target} is not a model folder")
-        if out is not None:
-            _writable_folder(out, "--out")
+        check_paths(root=root, target=target, out=out)
         kept = store if store is not None else (out / "gradients.sqlite" if out else None)
         if kept is not None:
             _writable_file(kept, "--store")
@@ -241,16 +210,11 @@ def attack_gradients_command(
             _emit_json(_payload(rows))
             return
         first = rows[0]
-        print(
+        n = len(first.get("examples") or [])
+        heading = (
             f"gradient inversion on {first.get('dataset')} / {first.get('model')}: "
-            f"{len(first.get('examples') or [])} training rows, seed {first.get('seed')}"
+            f"{n} training row{'' if n == 1 else 's'}, seed {first.get('seed')}"
         )
-        print(
-            _plain_table(
-                [h for _, h in SUMMARY], [[_cell(r.get(k)) for k, _ in SUMMARY] for r in rows]
-            )
-        )
-        if out is not None:
-            print(f"report: {out / 'index.html'}")
+        print_summary(heading, SUMMARY, rows, out)
 
     _guarded(run)
