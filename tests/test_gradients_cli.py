@@ -110,9 +110,10 @@ def test_out_writes_the_report_with_pictures(tmp_path: Path) -> None:
     out = tmp_path / "report"
     result = invoke("--method", "ig", "--defense", "none,dp:4", *FAST, "--out", str(out))
     assert result.exit_code == 0, result.stderr
+    assert "given" in result.stdout  # ig was given the labels: no label accuracy to claim
     page = (out / "index.html").read_text()
     assert 'id="gradient-inversion"' in page and "Dummy-initialisation baseline" in page
-    assert "dp:4: ε = 4.000 at δ = 1.0e-05 (pld accountant)" in page
+    assert "dp:4: ε = 4.000 at δ = 1.0e-05 (pld accountant)" in page and ">given</td>" in page
     payload = json.loads((out / "results.json").read_text())
     images = payload["reconstruction"]["images"]
     pictures = [images["grid"], images["objective"], *images["pairs"]]

@@ -225,6 +225,7 @@ def _row(psnr: float, defense: str, order: list[int]) -> dict[str, object]:
 @pytest.fixture(scope="module")
 def pictures() -> Pictures:
     rows = [_row(31.0, "none", [1, 0]), _row(8.0, "noise:0.1", [0, 1])]
+    rows[1]["params"] = {"labels": "given"}
     names, files = reconstruction_images(rows)
     return rows, names, files
 
@@ -261,6 +262,7 @@ def test_section_states_the_baseline_and_links_the_pictures(
     page = render_html(tmp_path, {"reconstruction": {"runs": rows, "images": names}})
     assert 'id="gradient-inversion"' in page
     assert "baseline: PSNR 5.0 dB" in page and "none (1 of 2 runs)" in page
+    assert page.count(">1.000</td>") == 1 and page.count(">given</td>") == 1  # label accuracy
     for name in files:
         assert f'src="{name}"' in page
 

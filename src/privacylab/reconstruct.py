@@ -475,7 +475,6 @@ def result_row(case: GradientCase, result: ReconstructionResult) -> dict[str, An
     under `images`, the true and reconstructed pixels (the reconstruction in the attack's
     order; `order` pairs them) with both label sets, for the report's pictures."""
     row = {**result.to_dict(), **case.facts}
-    row["defense"] = result.defense
     if case.defense is not None and hasattr(case.defense, "to_dict"):
         row["defense_facts"] = case.defense.to_dict()  # type: ignore[attr-defined]
     images = {

@@ -209,12 +209,15 @@ def attack_gradients_command(
         if json_output:
             _emit_json(_payload(rows))
             return
+        from privacylab.report.reconstruction import labels_given
+
         first = rows[0]
         n = len(first.get("examples") or [])
         heading = (
             f"gradient inversion on {first.get('dataset')} / {first.get('model')}: "
             f"{n} training row{'' if n == 1 else 's'}, seed {first.get('seed')}"
         )
-        print_summary(heading, SUMMARY, rows, out)
+        shown = [{**r, "label_accuracy": "given"} if labels_given(r) else r for r in rows]
+        print_summary(heading, SUMMARY, shown, out)
 
     _guarded(run)

@@ -29,6 +29,7 @@ from privacylab.stats.images import to_unit
 __all__ = [
     "MAX_COLUMNS",
     "grid_plot",
+    "labels_given",
     "objective_plot",
     "pairs_plot",
     "reconstruction_images",
@@ -51,6 +52,13 @@ VARYING = (
     ("labels_known", "labels {}"),
 )
 """Facts a run's label names when they differ between runs (key, format)."""
+
+
+def labels_given(row: Mapping[str, Any]) -> bool:
+    """Whether the run's attack was given the labels (side information "labels") rather than
+    recovering them: its label accuracy is then 1 by construction, not a finding."""
+    params = row.get("params")
+    return isinstance(params, Mapping) and params.get("labels") == "given"
 
 
 def run_arrays(

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from privacylab.report._format import MISSING, e, figure, fmt, fmt_int, mappings, number
-from privacylab.report.reconstruction import run_labels
+from privacylab.report.reconstruction import labels_given, run_labels
 from privacylab.report.sections import register_section
 
 RUN_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -39,7 +39,11 @@ RUN_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("psnr", "PSNR (dB)", "mean peak signal-to-noise ratio of the matched reconstructions"),
     ("ssim", "SSIM", "mean structural similarity (Wang et al. 2004)"),
     ("mse", "MSE", "mean squared pixel error in [0, 1] pixel space"),
-    ("label_accuracy", "label acc.", "share of the batch's labels recovered (as multisets)"),
+    (
+        "label_accuracy",
+        "label acc.",
+        "share of the batch's labels recovered (as multisets); 'given': the attack was given them",
+    ),
     ("baseline_psnr", "baseline PSNR", "PSNR of the attack's dummy initialisation"),
     ("federated_accuracy", "FL accuracy", "test accuracy of a federated model with this defence"),
     ("queries", "queries", "forward passes through the model (counted by the target)"),
@@ -74,7 +78,9 @@ def _num(value: Any, text: str) -> str:
     return f'<td data-sort="{e(sort)}">{e(text)}</td>'
 
 
-def _cell(key: str, value: Any) -> str:
+def _cell(key: str, value: Any, row: Mapping[str, Any]) -> str:
+    if key == "label_accuracy" and labels_given(row):
+        return _num(value, "given")
     if key in _TEXT:
         text = MISSING if value is None or value == "" else str(value)
         return f'<td class="text" data-sort="{e(text)}">{e(text)}</td>'
@@ -104,7 +110,7 @@ def _table(rows: list[Mapping[str, Any]], labels: list[str]) -> str:
     body = []
     for row, label in zip(rows, labels, strict=True):
         values = {**row, "label": label}
-        body.append("<tr>" + "".join(_cell(c[0], values.get(c[0])) for c in columns) + "</tr>")
+        body.append("<tr>" + "".join(_cell(c[0], values.get(c[0]), row) for c in columns) + "</tr>")
     return (
         f'<table class="sortable gradient-runs">\n<thead><tr>{head}</tr></thead>\n<tbody>\n'
         + "\n".join(body)
