@@ -164,6 +164,8 @@ def test_grid_resumes_from_the_store(tmp_path: Path, monkeypatch: pytest.MonkeyP
         ({"model": "cnn"}, "model cnn needs images of at least 14x14 pixels but digits has 8x8"),
         ({"options": {"bogus": 1}}, "ig: bad options"),
         ({"clients": 0}, "clients must be a whole number"),
+        ({"clients": 2000}, "clients must be at most 1,024"),
+        ({"seed": -1}, "seed must be a whole number >= 0"),
     ],
 )
 def test_bad_input_is_one_line(changes: dict[str, object], expected: str) -> None:

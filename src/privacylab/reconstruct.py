@@ -52,6 +52,7 @@ from privacylab.data import Dataset, load_dataset
 from privacylab.data.dataset import train_test_indices
 from privacylab.execution import ResultStore, config_key
 from privacylab.federated import ClientDefense, LocalTraining, observe
+from privacylab.federated.protocol import whole_number
 from privacylab.models import build_model, load_model
 from privacylab.target import Target
 
@@ -88,23 +89,12 @@ STORE_VERSION = 1
 """Part of every store key: bump when a stored row's meaning changes."""
 
 MAX_CLIENTS = 1024
+"""Most clients one simulated round may have."""
 
 PIXEL_DIGITS = 5
 """Decimals kept of the stored pixels (for pictures only; the scores are computed before)."""
 
 Progress = Callable[[str, float, float], None]
-
-
-def _whole(value: Any, name: str, low: int, high: int | None = None) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, np.integer))
-        or value < low
-        or (high is not None and value > high)
-    ):
-        bound = f"[{low}, {high:,}]" if high is not None else f">= {low}"
-        raise InversionError(f"{name} must be a whole number {bound}, got {value!r}")
-    return int(value)
 
 
 @dataclass
@@ -208,12 +198,13 @@ class GradientConfig:
                 raise InversionError(
                     f"unknown model {self.model_name()!r}; choose one of {', '.join(MODELS)}"
                 )
-        _whole(self.batch_size, "batch size", 1)
-        _whole(self.local_steps, "local steps", 1)
-        _whole(self.clients, "clients", 1, MAX_CLIENTS)
-        _whole(self.seed, "seed", 0)
+        whole_number("batch size", self.batch_size)
+        whole_number("local steps", self.local_steps)
+        if whole_number("clients", self.clients) > MAX_CLIENTS:
+            raise InversionError(f"clients must be at most {MAX_CLIENTS:,}, got {self.clients}")
+        whole_number("seed", self.seed, 0)
         if self.local_batch_size is not None:
-            _whole(self.local_batch_size, "local batch size", 1)
+            whole_number("local batch size", self.local_batch_size)
         lr = self.local_lr
         if (
             isinstance(lr, bool)
@@ -224,7 +215,7 @@ class GradientConfig:
             raise InversionError(f"local lr must be a finite number > 0, got {lr!r}")
         if self.examples is not None:
             for i in self.examples:
-                _whole(i, "an example index", 0)
+                whole_number("an example index", i, 0)
             if len(self.examples) != self.batch_size * self.clients:
                 raise InversionError(
                     f"--examples names {len(self.examples)} rows but {self.clients} client(s) "
