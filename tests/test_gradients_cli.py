@@ -90,6 +90,8 @@ def test_local_steps_and_clients_reach_the_run() -> None:
         (("--examples", "100000"), "example 100000 is out of range"),
         (("--method", "nope"), "nope"),
         (("--options", "[1]"), "--options must be a JSON object"),
+        (("--root", "/no/such/folder"), "--root /no/such/folder is not a folder"),
+        (("--target", "/no/such/model"), "--target /no/such/model is not a model folder"),
     ],
 )
 def test_bad_input_is_one_line(args: tuple[str, ...], expected: str) -> None:
