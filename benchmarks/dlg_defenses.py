@@ -17,8 +17,11 @@ entries of each tensor (``prune:P``).
 
 Success criterion (stated, as the issue asks): a reconstruction succeeds when its PSNR in
 [0, 1] pixel space exceeds 30 dB (a visually exact copy); a defence "defends" when no image
-succeeds. A second, looser criterion counts PSNR > 20 dB (the digit is still recognisable to a
-person, which is how the seed judged "defended"), with its own "defends" column. The
+succeeds. The seed judged "defended" by eye (no longer recognisable), and on MNIST a digit stays
+recognisable far below 30 dB (noise and pruning scatter error over the black background; see
+``--grid``): the second criterion is an independent judge, a ReLU CNN trained on mnist5k with
+another seed (`_reconstruction.recognised`, test accuracy ~0.93), and a defence "defends (judge)"
+when it names the true digit for fewer than half of the reconstructions (chance: ~0.1). The
 dummy-initialisation PSNR (what no leakage gives) is printed beside.
 
 Accuracy: `privacylab.federated.Federation` on mnist5k's 4,000 training rows split over
@@ -57,13 +60,14 @@ from _reconstruction import (
     mnist,
     num,
     pick_rows,
+    recognised,
     result_row,
     sigmoid_lenet,
     success,
 )
 
 THRESHOLD = 30.0
-LOOSE = 20.0
+JUDGE = "cnn relu, 2 epochs, seed 1"
 
 DEFENSES = (
     "none",
@@ -169,7 +173,7 @@ def dlg_runs(defense: str, rows: list[int], args: argparse.Namespace, store: Any
     out = []
     for row in rows:
         config = {"defense": defense, "row": row, "iterations": args.iterations,
-                  "seed": args.seed, "method": "dlg"}  # fmt: skip
+                  "seed": args.seed, "method": "dlg", "judge": JUDGE}  # fmt: skip
 
         def compute(row: int = row) -> dict[str, Any]:
             x, y = x_all[row : row + 1], y_all[row : row + 1]
@@ -177,7 +181,8 @@ def dlg_runs(defense: str, rows: list[int], args: argparse.Namespace, store: Any
                 "dlg", model, x, y, defense=defense, options={"iterations": args.iterations},
                 seed=args.seed, rounds=1,
             )  # fmt: skip
-            return {"row": row, **result_row(res)}
+            assert res.x is not None
+            return {"row": row, **result_row(res), "recognised": recognised(res.x, y)[0]}
 
         out.append(cached(store, "dlg_defenses/dlg", config, compute))
     return out
@@ -204,11 +209,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "psnr": mean(psnrs),
                 "ssim": mean(r["ssim"] for r in runs),
                 "success_rate": success(psnrs, THRESHOLD),
-                "recognisable_rate": success(psnrs, LOOSE),
+                "recognised_rate": mean(float(r["recognised"]) for r in runs),
                 "label_accuracy": mean(r["label_accuracy"] for r in runs),
                 "baseline_psnr": mean(r["baseline_psnr"] for r in runs),
                 "defends": success(psnrs, THRESHOLD) == 0.0,
-                "defends_recognisable": success(psnrs, LOOSE) == 0.0,
+                "defends_recognised": mean(float(r["recognised"]) for r in runs) < 0.5,
                 "seed_defends": SEED_DEFENDS.get(defense),
                 "accuracy": None if fed is None else fed["accuracy"],
                 "seed_accuracy": SEED_ACCURACY.get(defense),
@@ -227,9 +232,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     picture = grid(args, rows[0]) if args.grid else None
     agree = [r["defends"] == r["seed_defends"] for r in table if r["seed_defends"] is not None]
     loose = [
-        r["defends_recognisable"] == r["seed_defends"]
-        for r in table
-        if r["seed_defends"] is not None
+        r["defends_recognised"] == r["seed_defends"] for r in table if r["seed_defends"] is not None
     ]
     return {
         "benchmark": "dlg_defenses",
@@ -247,7 +250,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         },
         "table": table,
         "agreement_with_seed": {"agree": sum(agree), "of": len(agree)},
-        "agreement_with_seed_recognisable": {"agree": sum(loose), "of": len(loose)},
+        "agreement_with_seed_recognised": {"agree": sum(loose), "of": len(loose)},
         "grid": picture,
         "seconds": time.perf_counter() - start,
     }
@@ -289,26 +292,26 @@ def print_table(payload: dict[str, Any]) -> None:
     console = Console(width=150)
     s = payload["setting"]
     table = Table(title=f"DLG vs update defences — {s['model']}; {s['attack']}; {s['success']}")
-    for col in ("defence", "PSNR dB", "SSIM", ">30 dB", ">20 dB", "labels", "defends",
-                "defends (20 dB)", "seed defends", "fed. accuracy", "seed accuracy",
+    for col in ("defence", "PSNR dB", "SSIM", ">30 dB", "judged", "labels", "defends",
+                "defends (judge)", "seed defends", "fed. accuracy", "seed accuracy",
                 "DLG s/img"):  # fmt: skip
         table.add_column(col)
     yes = {True: "yes", False: "no", None: "-"}
     for r in payload["table"]:
         table.add_row(
             r["defense"], fmt(r["psnr"]), fmt(r["ssim"], ".3f"), fmt(r["success_rate"], ".2f"),
-            fmt(r["recognisable_rate"], ".2f"), fmt(r["label_accuracy"], ".2f"),
-            yes[r["defends"]], yes[r["defends_recognisable"]], yes[r["seed_defends"]],
+            fmt(r["recognised_rate"], ".2f"), fmt(r["label_accuracy"], ".2f"),
+            yes[r["defends"]], yes[r["defends_recognised"]], yes[r["seed_defends"]],
             fmt(r["accuracy"], ".3f"),
             fmt(r["seed_accuracy"], ".3f"), fmt(r["dlg_seconds_per_image"], ".1f"),
         )  # fmt: skip
     console.print(table)
     base = mean(r["baseline_psnr"] for r in payload["table"])
-    a, b = payload["agreement_with_seed"], payload["agreement_with_seed_recognisable"]
+    a, b = payload["agreement_with_seed"], payload["agreement_with_seed_recognised"]
     console.print(
         f"dummy-init baseline PSNR {fmt(base)} dB; federation: {s['federation']}; "
         f"'defends' agrees with the seed on {a['agree']}/{a['of']} defences (30 dB), "
-        f"{b['agree']}/{b['of']} (20 dB); grid {payload['grid']}; "
+        f"{b['agree']}/{b['of']} (judge); grid {payload['grid']}; "
         f"total {payload['seconds']:.0f} s"
     )
 
