@@ -68,6 +68,7 @@ from privacylab.defenses import (
 from privacylab.errors import PrivacylabError
 from privacylab.execution import ResultStore, config_key
 from privacylab.models import ModelSpec, load_model
+from privacylab.report.jsonable import json_ready
 from privacylab.target import Access, QueryBudgetError, Target
 
 __all__ = [
@@ -466,21 +467,6 @@ def _verdict(watches: Sequence[QueryDefense]) -> dict[str, Any] | None:
     }
 
 
-def _clean(value: Any) -> Any:
-    """JSON-ready (non-finite floats become None, numpy scalars Python numbers)."""
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    return str(value)
-
-
 def _run_one(deployment: Deployment, task: ExtractionTask, truth: Truth) -> dict[str, Any]:
     """One attack through its deployment: the result row (`ExtractionResult.to_dict()` with
     the deployment's facts and the watches' verdict). An attack stopped by the deployment
@@ -518,7 +504,7 @@ def _run_one(deployment: Deployment, task: ExtractionTask, truth: Truth) -> dict
             "budget": task.budget,
         }
     )
-    return _clean(row)
+    return json_ready(row)
 
 
 def _store_key(victim: Victim, deployment: Deployment, config: ExtractConfig) -> str:
@@ -527,7 +513,7 @@ def _store_key(victim: Victim, deployment: Deployment, config: ExtractConfig) ->
             "version": STORE_VERSION,
             "target": victim.digest,
             **deployment.key_facts(),
-            "options": _clean(config.options_for(deployment.method)),
+            "options": json_ready(config.options_for(deployment.method)),
             "budget": config.queries,
             "checkpoints": list(config.curve_points()),
             "seed": config.seed,
@@ -614,7 +600,7 @@ def run_extract(
         "dataset": victim.data.name,
         "model": victim.spec.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": _clean(asdict(config)),
+        "config": json_ready(asdict(config)),
         "extraction": section,
         "notes": [
             f"The thief owns {len(victim.pool_rows)} unlabelled test rows of {victim.data.name} "

@@ -46,8 +46,9 @@ from privacylab.attacks.inversion.miface import (
 )
 from privacylab.data import Dataset, train_test_indices
 from privacylab.execution import ResultStore, config_key
-from privacylab.extract import Progress, Victim, _clean, load_victim
+from privacylab.extract import Progress, Victim, load_victim
 from privacylab.models import ModelSpec, build_model, load_model, save_model
+from privacylab.report.jsonable import json_ready
 from privacylab.target import Target
 from privacylab.training import TrainConfig, train
 
@@ -259,8 +260,10 @@ def inversion_rows(
                     device=device,
                 )
                 spec = ModelSpec(architecture, victim.data.input_shape, victim.data.num_classes)
-                save_model(evaluator.model, saved, spec, {"evaluator": _clean(evaluator.facts())})
-                store.put(EVALUATORS, evaluator_key, _clean(evaluator.facts()))
+                save_model(
+                    evaluator.model, saved, spec, {"evaluator": json_ready(evaluator.facts())}
+                )
+                store.put(EVALUATORS, evaluator_key, json_ready(evaluator.facts()))
                 model = evaluator.model
             trained.append(InversionTruth(model, means))
         return trained[0]
@@ -272,7 +275,7 @@ def inversion_rows(
                     "version": STORE_VERSION,
                     "target": victim.digest,
                     "method": method,
-                    "options": _clean(options),
+                    "options": json_ready(options),
                     "class": label,
                     "seed": seed,
                     "evaluator": evaluator_key,
@@ -301,7 +304,7 @@ def inversion_rows(
                     "params": result.params,
                     "image": result.images[label].numpy().astype(float).ravel().tolist(),
                 }
-                row = _clean(row)
+                row = json_ready(row)
                 store.put(INVERSIONS, key, row)
                 from_store = False
             else:
@@ -382,7 +385,7 @@ def run_inversion(
         "dataset": victim.data.name,
         "model": victim.spec.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": _clean(
+        "config": json_ready(
             {
                 "target": str(target),
                 "method": name,
@@ -391,7 +394,7 @@ def run_inversion(
                 "seed": seed,
             }
         ),
-        "model_inversion": _clean(section),
+        "model_inversion": json_ready(section),
         "notes": [
             f"The evaluator ({evaluator.get('architecture')}, seed {evaluator.get('seed')}) was "
             f"trained on the {evaluator.get('rows')} test rows of {victim.data.name}, which the "

@@ -54,6 +54,7 @@ from privacylab.execution import ResultStore, config_key
 from privacylab.federated import ClientDefense, LocalTraining, observe
 from privacylab.federated.protocol import whole_number
 from privacylab.models import build_model, load_model
+from privacylab.report.jsonable import json_ready
 from privacylab.target import Target
 
 __all__ = [
@@ -441,25 +442,6 @@ def _pixels(x: torch.Tensor | None) -> list[float]:
     return [round(float(v), PIXEL_DIGITS) for v in flat]
 
 
-def _clean(value: Any) -> Any:
-    """JSON-ready (non-finite floats become None, numpy scalars Python numbers, tensors lists)."""
-    if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if isinstance(value, torch.Tensor):
-        return _clean(value.detach().cpu().tolist())
-    if isinstance(value, np.ndarray):
-        return _clean(value.tolist())
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return value
-    return str(value)
-
-
 def result_row(case: GradientCase, result: ReconstructionResult) -> dict[str, Any]:
     """One run as a JSON-ready row: `ReconstructionResult.to_dict()` (the issue's keys at the
     top level), the setting's facts (dataset, model, examples, local_steps, clients, ...) and,
@@ -475,7 +457,7 @@ def result_row(case: GradientCase, result: ReconstructionResult) -> dict[str, An
         "labels": None if result.labels is None else [int(v) for v in result.labels],
         "true_labels": None if result.true_labels is None else [int(v) for v in result.true_labels],
     }
-    return _clean({**row, "images": images})
+    return json_ready({**row, "images": images})
 
 
 def _key_facts(config: GradientConfig, examples: Sequence[int], digest: str | None) -> str:
@@ -492,7 +474,7 @@ def _key_facts(config: GradientConfig, examples: Sequence[int], digest: str | No
             "defense": _spec(config.client_defense()),
             "clients": config.clients,
             "labels_known": bool(config.labels_known),
-            "options": _clean(dict(config.options)),
+            "options": json_ready(dict(config.options)),
             "seed": config.seed,
         }
     )
@@ -602,7 +584,7 @@ def run_gradients(
         "dataset": first.get("dataset"),
         "model": first.get("model"),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "config": [_clean(asdict(c)) for c in configs],
+        "config": [json_ready(asdict(c)) for c in configs],
         "reconstruction": {"runs": rows, "images": {}},
         "notes": _notes(rows),
     }

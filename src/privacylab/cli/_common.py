@@ -122,17 +122,9 @@ def _stderr() -> Console:
 
 def _emit_json(payload: dict[str, Any]) -> None:
     """Print one JSON object on stdout; non-finite floats become null (JSON has no inf)."""
+    from privacylab.report.jsonable import json_ready
 
-    def clean(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, list):
-            return [clean(v) for v in value]
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        return value
-
-    typer.echo(json.dumps(clean(payload), allow_nan=False))
+    typer.echo(json.dumps(json_ready(payload), allow_nan=False))
 
 
 def _accountant_name(name: str, allowed: Sequence[str] = ACCOUNTANTS) -> str:

@@ -10,15 +10,12 @@ Every file is created with mode 0644 (under the usual umask 022).
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from privacylab.report._format import (
     MISSING,
@@ -32,6 +29,7 @@ from privacylab.report._format import (
     safe_name,
     target_epsilon,
 )
+from privacylab.report.jsonable import json_ready
 from privacylab.report.sections import sections
 from privacylab.report.sections.audit import AUDIT_COLUMNS
 from privacylab.report.verdict import strength_key
@@ -110,26 +108,6 @@ document.querySelectorAll("table.sortable").forEach(function (table) {
   });
 });
 </script>"""
-
-
-def _json_safe(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.ndarray):
-        return _json_safe(value.tolist())
-    if isinstance(value, np.generic):
-        return _json_safe(value.item())
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if value is None or isinstance(value, (str, int, bool)):
-        return value
-    if isinstance(value, Path):
-        return str(value)
-    if hasattr(value, "to_dict"):
-        return _json_safe(value.to_dict())
-    return str(value)
 
 
 def _dumps(value: Any) -> str:
@@ -262,7 +240,7 @@ def write_report(
         if not isinstance(name, str) or not safe_name(name):
             raise ValueError(f"image name must be a plain file name, got {name!r}")
     base.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(base / "results.json", (_dumps(_json_safe(payload)) + "\n").encode("utf-8"))
+    atomic_write_bytes(base / "results.json", (_dumps(json_ready(payload)) + "\n").encode("utf-8"))
     for name, content in images.items():
         atomic_write_bytes(base / name, bytes(content))
     page = base / "index.html"
