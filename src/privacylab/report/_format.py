@@ -132,3 +132,36 @@ def figure(folder: Path, name: Any, alt: str, caption: str, css: str = "") -> st
         f'<img src="{link}" alt="{e(alt)}"></a>'
         f"<figcaption>{e(caption)}</figcaption></figure>"
     )
+
+
+def section_block(payload: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    """The `key` block of a results payload, {} when it is absent or not a mapping."""
+    block = payload.get(key)
+    return block if isinstance(block, Mapping) else {}
+
+
+def sort_key(value: Any) -> str:
+    """A table cell's `data-sort` for a number: its repr, "Infinity"/"-Infinity" for infinities
+    (what the page's `parseFloat` reads), "-Infinity" when missing, so blanks sort last."""
+    x = number(value)
+    if x is None or math.isinf(x):
+        return "Infinity" if x is not None and x > 0 else "-Infinity"
+    return repr(x)
+
+
+def num_cell(value: Any, text: str | None = None, title: str = "") -> str:
+    """A numeric <td>: shows `text` (default `fmt(value)`), sorts by the number (`sort_key`)."""
+    shown = fmt(value) if text is None else text
+    attr = f' title="{e(title)}"' if title else ""
+    return f'<td data-sort="{e(sort_key(value))}"{attr}>{e(shown)}</td>'
+
+
+def text_cell(value: Any, sort: str | None = None, klass: str = "", title: str = "") -> str:
+    """A text <td> ("—" for None or ""), sorted by its text unless `sort` is given."""
+    text = MISSING if value is None or value == "" else str(value)
+    classes = " ".join(c for c in ("text", klass) if c)
+    attr = f' title="{e(title)}"' if title else ""
+    return (
+        f'<td class="{classes}" data-sort="{e(text if sort is None else sort)}"{attr}>'
+        f"{e(text)}</td>"
+    )

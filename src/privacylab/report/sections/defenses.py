@@ -8,7 +8,6 @@ defend job calls), so the page cannot disagree with its own numbers.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,8 +20,11 @@ from privacylab.report._format import (
     fmt,
     fmt_int,
     mappings,
+    num_cell,
     number,
     percent,
+    section_block,
+    text_cell,
 )
 from privacylab.report.defenses import (
     adaptively_attacked,
@@ -95,11 +97,6 @@ READING_GUIDE = (
 )
 
 
-def _block(payload: Mapping[str, Any]) -> Mapping[str, Any]:
-    block = payload.get("defenses")
-    return block if isinstance(block, Mapping) else {}
-
-
 def _threshold(block: Mapping[str, Any]) -> tuple[float | None, str | None]:
     """The gate threshold and, when the payload's value is unusable, why it was ignored."""
     raw = block.get("max_tpr_at_01pct_fpr")
@@ -115,26 +112,6 @@ def _slug(index: int, name: str) -> str:
     return f"defense-{index}-" + (re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-") or "x")
 
 
-def _num_cell(value: Any, text: str | None = None, title: str = "") -> str:
-    x = number(value)
-    if x is None or math.isinf(x):
-        sort = "Infinity" if x is not None and x > 0 else "-Infinity"
-    else:
-        sort = repr(x)
-    shown = fmt(value) if text is None else text
-    attr = f' title="{e(title)}"' if title else ""
-    return f'<td data-sort="{e(sort)}"{attr}>{e(shown)}</td>'
-
-
-def _text_cell(text: str, sort: str | None = None, klass: str = "", title: str = "") -> str:
-    classes = " ".join(c for c in ("text", klass) if c)
-    attr = f' title="{e(title)}"' if title else ""
-    return (
-        f'<td class="{classes}" data-sort="{e(text if sort is None else sort)}"{attr}>'
-        f"{e(text)}</td>"
-    )
-
-
 def _defense_row(row: Mapping[str, Any], on_front: bool, threshold: float | None) -> str:
     best = best_attack(row) or {}
     attack = best.get("attack")
@@ -143,25 +120,25 @@ def _defense_row(row: Mapping[str, Any], on_front: bool, threshold: float | None
     top_auc = row.get("best_auc")
     auc_by = top_auc.get("attack") if isinstance(top_auc, Mapping) else None
     cells = [
-        _text_cell(label(row)),
-        _text_cell(str(row.get("kind") or MISSING)),
-        _text_cell(str(row.get("serves") or MISSING)),
-        _num_cell(row.get("test_accuracy")),
-        _num_cell(row.get("train_accuracy")),
-        _text_cell(
+        text_cell(label(row)),
+        text_cell(str(row.get("kind") or MISSING)),
+        text_cell(str(row.get("serves") or MISSING)),
+        num_cell(row.get("test_accuracy")),
+        num_cell(row.get("train_accuracy")),
+        text_cell(
             f"{attack}{' (adaptive)' if adaptive else ''}" if attack is not None else MISSING
         ),
-        _num_cell(best_tpr(row)),
-        _num_cell(best_auc(row), title=f"by {auc_by}" if auc_by else ""),
-        _num_cell(best.get("epsilon_lower_bound")),
-        _num_cell(row.get("epsilon")),
-        _text_cell("★ yes" if on_front else "no", sort="1" if on_front else "0"),
+        num_cell(best_tpr(row)),
+        num_cell(best_auc(row), title=f"by {auc_by}" if auc_by else ""),
+        num_cell(best.get("epsilon_lower_bound")),
+        num_cell(row.get("epsilon")),
+        text_cell("★ yes" if on_front else "no", sort="1" if on_front else "0"),
     ]
     if passes is None:
-        cells.append(_text_cell(MISSING, sort="0", title="no threshold given"))
+        cells.append(text_cell(MISSING, sort="0", title="no threshold given"))
     else:
         cells.append(
-            _text_cell(
+            text_cell(
                 "pass" if passes else "fail",
                 sort="2" if passes else "1",
                 klass="gate-pass" if passes else "gate-fail",
@@ -211,15 +188,15 @@ def attack_detail_table(row: Mapping[str, Any]) -> str:
                 text = "✓ adaptive" if adaptive else "no"
                 if row.get("kind") == "none":
                     text = "✓ nothing to adapt to"
-                cells.append(_text_cell(text, sort="1" if adaptive else "0"))
+                cells.append(text_cell(text, sort="1" if adaptive else "0"))
             elif key in _TEXT:
-                cells.append(_text_cell(MISSING if value is None else str(value)))
+                cells.append(text_cell(MISSING if value is None else str(value)))
             elif key in {"examples", "queries"}:
-                cells.append(_num_cell(value, fmt_int(value)))
+                cells.append(num_cell(value, fmt_int(value)))
             elif key == "seconds":
-                cells.append(_num_cell(value, fmt(value, 2)))
+                cells.append(num_cell(value, fmt(value, 2)))
             else:
-                cells.append(_num_cell(value))
+                cells.append(num_cell(value))
         klass = ' class="adaptive"' if adaptive else ""
         body.append(f"<tr{klass}>{''.join(cells)}</tr>")
     if not body:
@@ -313,7 +290,7 @@ class DefensesSection:
 
     def render(self, folder: Path, payload: Mapping[str, Any]) -> str:
         """Reading guide, frontier picture, gate, warnings, the table, then each defence."""
-        block = _block(payload)
+        block = section_block(payload, "defenses")
         rows = mappings(block.get("rows"))
         threshold, bad = _threshold(block)
         meta = [

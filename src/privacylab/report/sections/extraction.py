@@ -14,12 +14,22 @@ and after how many queries each run was flagged, Juuti et al. 2019, Table 3's me
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from privacylab.report._format import MISSING, e, figure, fmt, fmt_int, mappings, number
+from privacylab.report._format import (
+    MISSING,
+    e,
+    figure,
+    fmt,
+    fmt_int,
+    mappings,
+    num_cell,
+    number,
+    section_block,
+    text_cell,
+)
 from privacylab.report.extraction import row_label
 from privacylab.report.sections import register_section
 
@@ -74,22 +84,6 @@ READING_GUIDE = (
 )
 
 
-def _block(payload: Mapping[str, Any]) -> Mapping[str, Any]:
-    block = payload.get("extraction")
-    return block if isinstance(block, Mapping) else {}
-
-
-def _num(value: Any, text: str | None = None) -> str:
-    x = number(value)
-    sort = repr(x) if x is not None and not math.isinf(x) else "-Infinity"
-    return f'<td data-sort="{e(sort)}">{e(fmt(value) if text is None else text)}</td>'
-
-
-def _text(value: Any) -> str:
-    text = MISSING if value is None or value == "" else str(value)
-    return f'<td class="text" data-sort="{e(text)}">{e(text)}</td>'
-
-
 def _head(columns: Any) -> str:
     cells = []
     for column in columns:
@@ -106,18 +100,18 @@ _TEXT = {"method", "output", "defense", "stopped", "watch", "detected", "precisi
 def _cell(key: str, value: Any) -> str:
     if key in _TEXT:
         if key == "detected" and isinstance(value, bool):
-            return _text("yes" if value else "no")
-        return _text(value)
+            return text_cell("yes" if value else "no")
+        return text_cell(value)
     if key in {"queries", "queries_until_detection"} or key.startswith("neurons_"):
-        return _num(value, fmt_int(value))
+        return num_cell(value, fmt_int(value))
     if key == "seconds":
-        return _num(value, fmt(value, 2))
+        return num_cell(value, fmt(value, 2))
     if key == "max_weight_error":
         x = number(value)
-        return _num(value, MISSING if x is None else f"{x:.3g}")
+        return num_cell(value, MISSING if x is None else f"{x:.3g}")
     if key == "max_output_error_log2":
-        return _num(value, fmt(value, 1))
-    return _num(value)
+        return num_cell(value, fmt(value, 1))
+    return num_cell(value)
 
 
 def _table(rows: list[Mapping[str, Any]], columns: Any, klass: str, empty: str) -> str:
@@ -188,11 +182,11 @@ table.extraction-runs tr[title] td { color: #a40000; }
 
     def applies(self, payload: Mapping[str, Any]) -> bool:
         """Whether the payload has an extraction block with at least one run."""
-        return bool(mappings(_block(payload).get("attacks")))
+        return bool(mappings(section_block(payload, "extraction").get("attacks")))
 
     def render(self, folder: Path, payload: Mapping[str, Any]) -> str:
         """Facts, the curve figure and guide, the run table, exact recovery, detection."""
-        block = _block(payload)
+        block = section_block(payload, "extraction")
         rows = list(mappings(block.get("attacks")))
         target = block.get("target")
         target = target if isinstance(target, Mapping) else {}

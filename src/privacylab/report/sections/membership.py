@@ -17,9 +17,11 @@ from privacylab.report._format import (
     fmt,
     fmt_int,
     mappings,
+    num_cell,
     number,
     percent,
     target_epsilon,
+    text_cell,
 )
 from privacylab.report.sections import register_section
 from privacylab.report.verdict import (
@@ -122,20 +124,15 @@ def _verdict_box(target: Mapping[str, Any], threshold: float) -> str:
 def _cell(key: str, attack: Mapping[str, Any]) -> str:
     value = attack.get(key)
     if key in _TEXT:
-        text = str(value) if value is not None else MISSING
-        return f'<td class="text" data-sort="{e(text)}">{e(text)}</td>'
-    x = number(value)
-    sort = "-Infinity" if x is None else repr(x)
-    if key == "queries" and x == 0 and attack.get("access") == "white-box":
+        return text_cell(value)
+    if key == "queries" and number(value) == 0 and attack.get("access") == "white-box":
         tip = "white-box: reads the model's weights and gradients, which are not counted queries"
-        return f'<td data-sort="0" title="{e(tip)}">0 (weights)</td>'
+        return num_cell(value, "0 (weights)", title=tip)
     if key in {"queries", "examples"}:
-        text = fmt_int(value)
-    elif key == "seconds":
-        text = fmt(value, 2)
-    else:
-        text = fmt(value)
-    return f'<td data-sort="{e(sort)}">{e(text)}</td>'
+        return num_cell(value, fmt_int(value))
+    if key == "seconds":
+        return num_cell(value, fmt(value, 2))
+    return num_cell(value)
 
 
 def attack_table(target: Mapping[str, Any], threshold: float = DEFAULT_VERDICT_THRESHOLD) -> str:

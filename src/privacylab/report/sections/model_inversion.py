@@ -15,9 +15,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from privacylab.report._format import MISSING, e, figure, fmt, fmt_int, mappings, percent
+from privacylab.report._format import (
+    MISSING,
+    e,
+    figure,
+    fmt,
+    fmt_int,
+    mappings,
+    num_cell,
+    percent,
+    section_block,
+    text_cell,
+)
 from privacylab.report.sections import register_section
-from privacylab.report.sections.extraction import _num, _text
 
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("label", "class", "the class inverted"),
@@ -43,11 +53,6 @@ READING_GUIDE = (
 )
 
 
-def _block(payload: Mapping[str, Any]) -> Mapping[str, Any]:
-    block = payload.get("model_inversion")
-    return block if isinstance(block, Mapping) else {}
-
-
 def _cell(folder: Path, images: Mapping[str, Any], key: str, row: Mapping[str, Any]) -> str:
     value = row.get(key)
     if key == "image":
@@ -58,14 +63,14 @@ def _cell(folder: Path, images: Mapping[str, Any], key: str, row: Mapping[str, A
         return f"<td>{MISSING}</td>"
     if key == "predicted":
         mark = "" if value is None else (" ✓" if row.get("correct") else " ✗")
-        return _num(value, (MISSING if value is None else str(value)) + mark)
+        return num_cell(value, (MISSING if value is None else str(value)) + mark)
     if key == "stopped":
-        return _text(value)
+        return text_cell(value)
     if key in ("label", "iterations", "queries"):
-        return _num(value, fmt_int(value))
+        return num_cell(value, fmt_int(value))
     if key == "seconds":
-        return _num(value, fmt(value, 2))
-    return _num(value)
+        return num_cell(value, fmt(value, 2))
+    return num_cell(value)
 
 
 @register_section
@@ -82,11 +87,11 @@ table.model-inversion td.text { text-align: left; }
 
     def applies(self, payload: Mapping[str, Any]) -> bool:
         """Whether the payload has a model-inversion block with at least one class."""
-        return bool(mappings(_block(payload).get("classes")))
+        return bool(mappings(section_block(payload, "model_inversion").get("classes")))
 
     def render(self, folder: Path, payload: Mapping[str, Any]) -> str:
         """Facts, the grid figure, the headline accuracy and the per-class table."""
-        block = _block(payload)
+        block = section_block(payload, "model_inversion")
         rows = mappings(block.get("classes"))
         images = block.get("images")
         images = images if isinstance(images, Mapping) else {}

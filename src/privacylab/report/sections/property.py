@@ -12,7 +12,6 @@ world 1, by true world, one row of points per attack.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,18 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from privacylab.report._format import MISSING, e, figure, fmt, fmt_int, mappings, number
+from privacylab.report._format import (
+    MISSING,
+    e,
+    figure,
+    fmt,
+    fmt_int,
+    mappings,
+    num_cell,
+    number,
+    section_block,
+    text_cell,
+)
 from privacylab.report.plots import COLORS, FONT_PT, _to_png
 from privacylab.report.sections import register_section
 
@@ -99,11 +109,6 @@ def property_scores_figure(rows: Sequence[Mapping[str, Any]]) -> bytes:
     return _to_png(property_scores_plot(rows))
 
 
-def _block(payload: Mapping[str, Any]) -> Mapping[str, Any]:
-    block = payload.get("property_inference")
-    return block if isinstance(block, Mapping) else {}
-
-
 def _value(row: Mapping[str, Any], key: str) -> Any:
     if key == "meta_train_accuracy":
         params = row.get("params")
@@ -116,19 +121,16 @@ def _cell(key: str, value: Any) -> str:
         if key == "accuracy_interval" and isinstance(value, list) and len(value) == 2:
             text = f"[{fmt(value[0], 2)}, {fmt(value[1], 2)}]"
         else:
-            text = MISSING if value in (None, "") else str(value)
-        return f'<td class="text" data-sort="{e(text)}">{e(text)}</td>'
-    x = number(value)
-    sort = repr(x) if x is not None and not math.isinf(x) else "-Infinity"
+            text = value
+        return text_cell(text)
     if key in ("targets", "queries"):
-        text = fmt_int(value)
-    elif key == "p_value":
-        text = MISSING if x is None else f"{x:.2g}"
-    elif key == "seconds":
-        text = fmt(value, 2)
-    else:
-        text = fmt(value)
-    return f'<td data-sort="{e(sort)}">{e(text)}</td>'
+        return num_cell(value, fmt_int(value))
+    if key == "p_value":
+        x = number(value)
+        return num_cell(value, MISSING if x is None else f"{x:.2g}")
+    if key == "seconds":
+        return num_cell(value, fmt(value, 2))
+    return num_cell(value)
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> str:
@@ -184,11 +186,11 @@ class PropertySection:
 
     def applies(self, payload: Mapping[str, Any]) -> bool:
         """Whether the payload has a property-inference block with at least one attack."""
-        return bool(mappings(_block(payload).get("attacks")))
+        return bool(mappings(section_block(payload, "property_inference").get("attacks")))
 
     def render(self, folder: Path, payload: Mapping[str, Any]) -> str:
         """Property, facts, the score figure and guide, the table."""
-        block = _block(payload)
+        block = section_block(payload, "property_inference")
         rows = list(mappings(block.get("attacks")))
         images = block.get("images")
         images = images if isinstance(images, Mapping) else {}

@@ -16,12 +16,22 @@ beside, as Zhu et al. 2019 (Fig. 8) put the two side by side.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from privacylab.report._format import MISSING, e, figure, fmt, fmt_int, mappings, number
+from privacylab.report._format import (
+    MISSING,
+    e,
+    figure,
+    fmt,
+    fmt_int,
+    mappings,
+    num_cell,
+    number,
+    section_block,
+    text_cell,
+)
 from privacylab.report.reconstruction import labels_given, run_labels
 from privacylab.report.sections import register_section
 
@@ -67,33 +77,21 @@ READING_GUIDE = (
 )
 
 
-def _block(payload: Mapping[str, Any]) -> Mapping[str, Any]:
-    block = payload.get("reconstruction")
-    return block if isinstance(block, Mapping) else {}
-
-
-def _num(value: Any, text: str) -> str:
-    x = number(value)
-    sort = repr(x) if x is not None and not math.isinf(x) else "-Infinity"
-    return f'<td data-sort="{e(sort)}">{e(text)}</td>'
-
-
 def _cell(key: str, value: Any, row: Mapping[str, Any]) -> str:
     if key == "label_accuracy" and labels_given(row):
-        return _num(value, "given")
+        return num_cell(value, "given")
     if key in _TEXT:
-        text = MISSING if value is None or value == "" else str(value)
-        return f'<td class="text" data-sort="{e(text)}">{e(text)}</td>'
+        return text_cell(value)
     if key in {"batch_size", "local_steps", "clients", "queries"}:
-        return _num(value, fmt_int(value))
+        return num_cell(value, fmt_int(value))
     if key in {"psnr", "baseline_psnr"}:
-        return _num(value, fmt(value, 1))
+        return num_cell(value, fmt(value, 1))
     if key == "mse":
         x = number(value)
-        return _num(value, MISSING if x is None else f"{x:.3g}")
+        return num_cell(value, MISSING if x is None else f"{x:.3g}")
     if key == "seconds":
-        return _num(value, fmt(value, 2))
-    return _num(value, fmt(value))
+        return num_cell(value, fmt(value, 2))
+    return num_cell(value, fmt(value))
 
 
 def _table(rows: list[Mapping[str, Any]], labels: list[str]) -> str:
@@ -204,11 +202,11 @@ figure.gradient-wide img { max-width: 100%; }
 
     def applies(self, payload: Mapping[str, Any]) -> bool:
         """Whether the payload has a reconstruction block with at least one run."""
-        return bool(mappings(_block(payload).get("runs")))
+        return bool(mappings(section_block(payload, "reconstruction").get("runs")))
 
     def render(self, folder: Path, payload: Mapping[str, Any]) -> str:
         """Facts, guide, baseline, the grid, every run's pairs, the objective, the table."""
-        block = _block(payload)
+        block = section_block(payload, "reconstruction")
         rows = list(mappings(block.get("runs")))
         labels = run_labels(rows)
         images = block.get("images")
