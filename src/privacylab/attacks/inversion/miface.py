@@ -65,7 +65,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from privacylab.attacks.core import ThreatModel, execute
-from privacylab.attacks.inversion.base import InversionAttack, InversionError, register_inversion
+from privacylab.attacks.inversion.base import (
+    InversionAttack,
+    InversionError,
+    number_option,
+    register_inversion,
+    whole_option,
+)
 from privacylab.stats.images import mse, psnr, ssim, to_unit
 from privacylab.target import Access, Target
 
@@ -321,22 +327,6 @@ def _total_variation(x: Tensor) -> Tensor:
     return dh + dw
 
 
-def _positive(name: str, value: Any, *, zero: bool = False) -> float:
-    number = float(value) if not isinstance(value, bool) else float("nan")
-    ok = math.isfinite(number) and (number >= 0 if zero else number > 0)
-    if not ok:
-        raise InversionError(
-            f"{name} must be a finite number {'>=' if zero else '>'} 0, got {value!r}"
-        )
-    return number
-
-
-def _whole(name: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-        raise InversionError(f"{name} must be a whole number >= {least}, got {value!r}")
-    return int(value)
-
-
 @register_inversion("miface")
 class MIFace(InversionAttack):
     """MI-Face (Fredrikson et al. 2015, Alg. 1) from SCORES access, with gradients estimated
@@ -375,24 +365,26 @@ class MIFace(InversionAttack):
         sigma: float = 0.05,
         resolution: int | None = None,
     ) -> None:
-        self.alpha = _whole("alpha", alpha, 1)
-        self.beta = _whole("beta", beta, 1)
+        self.alpha = whole_option(self.name, "alpha", alpha, 1)
+        self.beta = whole_option(self.name, "beta", beta, 1)
         if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or math.isnan(gamma):
             raise InversionError(f"gamma must be a number, got {gamma!r}")
         self.gamma = float(gamma)
-        self.step = _positive("step", step, zero=True)
+        self.step = number_option(self.name, "step", step, zero=True)
         self.normalize = bool(normalize)
         if cost not in COSTS:
             raise InversionError(f"unknown cost {cost!r}; choose one of {', '.join(COSTS)}")
         self.cost = cost
-        self.tv = _positive("tv", tv, zero=True)
-        self.denoise = _positive("denoise", denoise, zero=True)
+        self.tv = number_option(self.name, "tv", tv, zero=True)
+        self.denoise = number_option(self.name, "denoise", denoise, zero=True)
         if self.denoise > 1:
             raise InversionError(f"denoise must lie in [0, 1], got {denoise!r}")
-        self.blur = None if blur is None else _positive("blur", blur)
-        self.directions = _whole("directions", directions, 1)
-        self.sigma = _positive("sigma", sigma)
-        self.resolution = None if resolution is None else _whole("resolution", resolution, 1)
+        self.blur = None if blur is None else number_option(self.name, "blur", blur)
+        self.directions = whole_option(self.name, "directions", directions, 1)
+        self.sigma = number_option(self.name, "sigma", sigma)
+        self.resolution = (
+            None if resolution is None else whole_option(self.name, "resolution", resolution, 1)
+        )
 
     def params(self) -> dict[str, Any]:
         """The settings, JSON-ready."""
