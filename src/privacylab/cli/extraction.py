@@ -9,7 +9,6 @@ One method and one deployment print the issue's flat object (`method`, `queries`
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -21,13 +20,12 @@ from privacylab.cli._common import (
     _emit_json,
     _guarded,
     _path_arg,
-    _plain_table,
     _Stages,
     _stderr,
     _writable_folder,
 )
+from privacylab.cli._reports import check_paths, json_options, print_summary
 from privacylab.cli.attack import attack_app
-from privacylab.errors import PrivacylabError
 
 SUMMARY = (
     ("method", "method"),
@@ -43,16 +41,6 @@ SUMMARY = (
     ("seconds", "seconds"),
 )
 """(key, header) of the terminal summary."""
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def _payload(result: dict[str, Any]) -> dict[str, Any]:
@@ -77,18 +65,6 @@ def _methods(text: str) -> tuple[str, ...]:
             f"--method needs at least one method; choose from {', '.join(extraction_names())}"
         )
     return names
-
-
-def _options(text: str | None) -> dict[str, Any]:
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise PrivacylabError(f"--options is not JSON: {error.msg} at {error.pos}") from None
-    if not isinstance(value, dict):
-        raise PrivacylabError('--options must be a JSON object, e.g. {"knockoff": {...}}')
-    return value
 
 
 @attack_app.command("extraction")
@@ -161,19 +137,14 @@ def attack_extraction_command(
             queries=queries,
             output=output,
             defenses=tuple(defense.split(",")) if defense.strip() else ("none",),
-            attack_options=_options(options),
+            attack_options=json_options(options, '{"knockoff": {...}}'),
             seed=seed,
             root=str(root) if root is not None else None,
             device=_device(device),
         ).validate()
-        if root is not None and not root.is_dir():
-            raise PrivacylabError(f"--root {root} is not a folder")
-        if not target.is_dir():
-            raise PrivacylabError(f"--target {target} is not a model folder")
+        check_paths(root=root, target=target, out=out)
         store = cache if cache is not None else target / "extraction-cache"
         _writable_folder(store, "--cache")
-        if out is not None:
-            _writable_folder(out, "--out")
         with _Stages(_stderr()) as stages:
             result = run_extract(config, out=out, cache=store, progress=stages)
         payload = _payload(result)
@@ -181,12 +152,8 @@ def attack_extraction_command(
             _emit_json(payload)
             return
         rows = result["extraction"]["attacks"]
-        print(f"model extraction of {target} ({result['extraction']['target']['dataset']})")
-        print(
-            _plain_table(
-                [h for _, h in SUMMARY], [[_cell(r.get(k)) for k, _ in SUMMARY] for r in rows]
-            )
-        )
+        heading = f"model extraction of {target} ({result['extraction']['target']['dataset']})"
+        print_summary(heading, SUMMARY, rows)
         for row in rows:
             if row.get("error"):
                 print(f"{row['method']} ({row.get('defense')}): {row['error']}")

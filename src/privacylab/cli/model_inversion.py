@@ -10,7 +10,6 @@ classifier.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -22,13 +21,12 @@ from privacylab.cli._common import (
     _emit_json,
     _guarded,
     _path_arg,
-    _plain_table,
     _Stages,
     _stderr,
     _writable_folder,
 )
+from privacylab.cli._reports import check_paths, json_options, print_summary
 from privacylab.cli.attack import attack_app
-from privacylab.cli.extraction import _cell
 from privacylab.errors import PrivacylabError
 
 SUMMARY = (
@@ -42,18 +40,6 @@ SUMMARY = (
     ("seconds", "seconds"),
 )
 """(key, header) of the terminal summary."""
-
-
-def _options(text: str | None) -> dict[str, Any]:
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise PrivacylabError(f"--options is not JSON: {error.msg} at {error.pos}") from None
-    if not isinstance(value, dict):
-        raise PrivacylabError('--options must be a JSON object, e.g. {"alpha": 300}')
-    return value
 
 
 def _classes(text: str | None) -> tuple[int, ...] | None:
@@ -141,17 +127,12 @@ def attack_inversion_command(
 
         inversion_class(method, "model")
         chosen = _classes(classes)
-        attack_options = _options(options)
+        attack_options = json_options(options, '{"alpha": 300}')
         if seed < 0:
             raise PrivacylabError(f"--seed must be >= 0, got {seed}")
-        if root is not None and not root.is_dir():
-            raise PrivacylabError(f"--root {root} is not a folder")
-        if not target.is_dir():
-            raise PrivacylabError(f"--target {target} is not a model folder")
+        check_paths(root=root, target=target, out=out)
         store = cache if cache is not None else target / "inversion-cache"
         _writable_folder(store, "--cache")
-        if out is not None:
-            _writable_folder(out, "--out")
         with _Stages(_stderr()) as stages:
             result = run_inversion(
                 target,
@@ -169,17 +150,10 @@ def attack_inversion_command(
         if json_output:
             _emit_json(payload)
             return
-        print(
+        heading = (
             f"model inversion of {target} ({payload['dataset']}, {payload['model']}) with "
             f"{payload['method']}: evaluator accuracy {payload['evaluator_accuracy']:.1%}"
         )
-        print(
-            _plain_table(
-                [h for _, h in SUMMARY],
-                [[_cell(r.get(k)) for k, _ in SUMMARY] for r in payload["classes"]],
-            )
-        )
-        if out is not None:
-            print(f"report: {out / 'index.html'}")
+        print_summary(heading, SUMMARY, payload["classes"], out)
 
     _guarded(run)

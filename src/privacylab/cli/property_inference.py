@@ -19,12 +19,12 @@ from privacylab.cli._common import (
     _emit_json,
     _guarded,
     _path_arg,
-    _plain_table,
     _Stages,
     _stderr,
     _widths,
     _writable_folder,
 )
+from privacylab.cli._reports import check_paths, print_summary
 from privacylab.cli.attack import attack_app
 from privacylab.errors import PrivacylabError
 
@@ -50,14 +50,6 @@ FACTS = (
     "models_from_store",
 )
 """Facts of the run copied into the flat JSON object."""
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 def _payload(result: dict[str, Any]) -> dict[str, Any]:
@@ -142,12 +134,9 @@ def attack_property_command(
             raise PrivacylabError("--widths is for --model mlp only")
         else:
             options = {}
-        if root is not None and not root.is_dir():
-            raise PrivacylabError(f"--root {root} is not a folder")
+        check_paths(root=root, out=out)
         store = cache_folder(cache, out)
         _writable_folder(store, "--cache")
-        if out is not None:
-            _writable_folder(out, "--out")
         with _Stages(_stderr()) as stages:
             result = run_property(
                 dataset=dataset,
@@ -172,14 +161,9 @@ def attack_property_command(
             _emit_json(payload)
             return
         block = result["property_inference"]
-        print(f"property inference: {block['property']} on {block['dataset']} ({block['model']})")
-        rows = block["attacks"]
-        print(
-            _plain_table(
-                [h for _, h in SUMMARY], [[_cell(r.get(k)) for k, _ in SUMMARY] for r in rows]
-            )
+        heading = (
+            f"property inference: {block['property']} on {block['dataset']} ({block['model']})"
         )
-        if out is not None:
-            print(f"report: {out / 'index.html'}")
+        print_summary(heading, SUMMARY, block["attacks"], out)
 
     _guarded(run)
