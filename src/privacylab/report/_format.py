@@ -6,7 +6,7 @@ import html
 import math
 import os
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -164,4 +164,32 @@ def text_cell(value: Any, sort: str | None = None, klass: str = "", title: str =
     return (
         f'<td class="{classes}" data-sort="{e(text if sort is None else sort)}"{attr}>'
         f"{e(text)}</td>"
+    )
+
+
+def sortable_table(
+    css: str,
+    columns: Sequence[Sequence[str]],
+    rows: Sequence[str],
+    *,
+    text: Collection[str] = (),
+    empty: str | None = None,
+) -> str:
+    """A `<table class="sortable CSS">` (the page's script sorts it by the cells' data-sort):
+    one header cell per column ((key, header[, tooltip])), classed "text" for the keys in
+    `text` and "num" for the others, then `rows` (each a whole `<tr>`), or one row saying
+    `empty` when there are none."""
+    head = []
+    for column in columns:
+        klass = "text" if column[0] in text else "num"
+        tip = f' title="{e(column[2])}"' if len(column) > 2 and column[2] else ""
+        head.append(f'<th class="{klass}"{tip} scope="col">{e(column[1])}</th>')
+    body = list(rows)
+    if not body and empty is not None:
+        body.append(f'<tr><td colspan="{len(columns)}">{e(empty)}</td></tr>')
+    classes = " ".join(c for c in ("sortable", css) if c)
+    return (
+        f'<table class="{classes}">\n<thead><tr>{"".join(head)}</tr></thead>\n<tbody>\n'
+        + "\n".join(body)
+        + "\n</tbody>\n</table>"
     )

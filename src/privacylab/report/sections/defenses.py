@@ -24,6 +24,7 @@ from privacylab.report._format import (
     number,
     percent,
     section_block,
+    sortable_table,
     text_cell,
 )
 from privacylab.report.defenses import (
@@ -155,29 +156,14 @@ def _defense_row(row: Mapping[str, Any], on_front: bool, threshold: float | None
 def defense_table(rows: list[Mapping[str, Any]], threshold: float | None) -> str:
     """One sortable row per defence, in the payload's order (the user's --defenses order)."""
     front = set(pareto_indices(rows))
-    head = "".join(
-        f'<th class="{"text" if key in _TEXT else "num"}" title="{e(tip)}" scope="col">'
-        f"{e(name)}</th>"
-        for key, name, tip in DEFENSE_COLUMNS
-    )
     body = [_defense_row(row, i in front, threshold) for i, row in enumerate(rows)]
-    if not body:
-        body.append(f'<tr><td colspan="{len(DEFENSE_COLUMNS)}">no defences</td></tr>')
-    return (
-        f'<table class="sortable defenses">\n<thead><tr>{head}</tr></thead>\n<tbody>\n'
-        + "\n".join(body)
-        + "\n</tbody>\n</table>"
-    )
+    return sortable_table("defenses", DEFENSE_COLUMNS, body, text=_TEXT, empty="no defences")
 
 
 def attack_detail_table(row: Mapping[str, Any]) -> str:
     """Every attack on one defence, strongest first (TPR at 0.1% FPR, TPR at 1% FPR, AUC), the
     adaptive ones marked; a sortable table."""
     attacks = sorted(mappings(row.get("attacks")), key=strength_key, reverse=True)
-    head = "".join(
-        f'<th class="{"text" if key in _TEXT else "num"}" scope="col">{e(name)}</th>'
-        for key, name in ATTACK_COLUMNS
-    )
     body = []
     for attack in attacks:
         adaptive = attack_is_adaptive(row, attack)
@@ -199,13 +185,7 @@ def attack_detail_table(row: Mapping[str, Any]) -> str:
                 cells.append(num_cell(value))
         klass = ' class="adaptive"' if adaptive else ""
         body.append(f"<tr{klass}>{''.join(cells)}</tr>")
-    if not body:
-        body.append(f'<tr><td colspan="{len(ATTACK_COLUMNS)}">no attack results</td></tr>')
-    return (
-        f'<table class="sortable attacks">\n<thead><tr>{head}</tr></thead>\n<tbody>\n'
-        + "\n".join(body)
-        + "\n</tbody>\n</table>"
-    )
+    return sortable_table("attacks", ATTACK_COLUMNS, body, text=_TEXT, empty="no attack results")
 
 
 def _params_text(params: Any) -> str:

@@ -28,6 +28,7 @@ from privacylab.report._format import (
     num_cell,
     number,
     section_block,
+    sortable_table,
     text_cell,
 )
 from privacylab.report.extraction import row_label
@@ -84,16 +85,6 @@ READING_GUIDE = (
 )
 
 
-def _head(columns: Any) -> str:
-    cells = []
-    for column in columns:
-        key, name = column[0], column[1]
-        tip = f' title="{e(column[2])}"' if len(column) > 2 else ""
-        klass = "text" if key in _TEXT else "num"
-        cells.append(f'<th class="{klass}"{tip} scope="col">{e(name)}</th>')
-    return "".join(cells)
-
-
 _TEXT = {"method", "output", "defense", "stopped", "watch", "detected", "precision"}
 
 
@@ -121,12 +112,7 @@ def _table(rows: list[Mapping[str, Any]], columns: Any, klass: str, empty: str) 
         error = row.get("error")
         title = f' title="{e(error)}"' if error else ""
         body.append(f"<tr{title}>{cells}</tr>")
-    if not body:
-        body.append(f'<tr><td colspan="{len(columns)}">{e(empty)}</td></tr>')
-    return (
-        f'<table class="sortable {klass}">\n<thead><tr>{_head(columns)}</tr></thead>\n'
-        "<tbody>\n" + "\n".join(body) + "\n</tbody>\n</table>"
-    )
+    return sortable_table(klass, columns, body, text=_TEXT, empty=empty)
 
 
 def _watch_rows(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from privacylab.report._format import (
     num_cell,
     number,
     percent,
+    sortable_table,
     target_epsilon,
     text_cell,
 )
@@ -142,11 +143,6 @@ def attack_table(target: Mapping[str, Any], threshold: float = DEFAULT_VERDICT_T
     attacks = sorted(mappings(target.get("attacks")), key=strength_key, reverse=True)
     starred = target_verdict(target, threshold)["attack"]
     epsilon = target_epsilon(target)
-    head = "".join(
-        f'<th class="{"text" if key in _TEXT else "num"}" title="{e(tip)}" scope="col">'
-        f"{e(label)}</th>"
-        for key, label, tip in TABLE_COLUMNS
-    )
     body = []
     for attack in attacks:
         cells = "".join(_cell(key, attack) for key, _, _ in TABLE_COLUMNS)
@@ -163,13 +159,7 @@ def attack_table(target: Mapping[str, Any], threshold: float = DEFAULT_VERDICT_T
         attrs = f' class="{" ".join(classes)}"' if classes else ""
         attrs += f' title="{e(title)}"' if title else ""
         body.append(f"<tr{attrs}>{cells}</tr>")
-    if not body:
-        body.append(f'<tr><td colspan="{len(TABLE_COLUMNS)}">no results</td></tr>')
-    return (
-        f'<table class="sortable">\n<thead><tr>{head}</tr></thead>\n<tbody>\n'
-        + "\n".join(body)
-        + "\n</tbody>\n</table>"
-    )
+    return sortable_table("", TABLE_COLUMNS, body, text=_TEXT, empty="no results")
 
 
 def _score(value: Any) -> str:

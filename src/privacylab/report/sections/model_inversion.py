@@ -25,6 +25,7 @@ from privacylab.report._format import (
     num_cell,
     percent,
     section_block,
+    sortable_table,
     text_cell,
 )
 from privacylab.report.sections import register_section
@@ -122,13 +123,10 @@ table.model-inversion td.text { text-align: left; }
             "Top: MI-Face inversion per class (target confidence, evaluator's label); "
             "bottom: the class mean over the evaluator's data.",
         )
-        head = "".join(
-            f'<th title="{e(tip)}" scope="col">{e(name)}</th>' for _, name, tip in COLUMNS
-        )
-        body = "\n".join(
+        body = [
             "<tr>" + "".join(_cell(folder, images, key, row) for key, _, _ in COLUMNS) + "</tr>"
             for row in rows
-        )
+        ]
         parts = [
             f'<section id="{self.key}">',
             f"<h2>{e(self.title)}</h2>",
@@ -136,10 +134,7 @@ table.model-inversion td.text { text-align: left; }
             f"<p>{headline}</p>",
             f'<p class="small">{e(READING_GUIDE)}</p>',
             picture,
-            '<table class="sortable model-inversion">',
-            f"<thead><tr>{head}</tr></thead>",
-            f"<tbody>\n{body}\n</tbody>",
-            "</table>",
+            sortable_table("model-inversion", COLUMNS, body, text=("image", "stopped")),
             "</section>",
         ]
         return "\n".join(p for p in parts if p)

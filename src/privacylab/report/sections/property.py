@@ -29,6 +29,7 @@ from privacylab.report._format import (
     num_cell,
     number,
     section_block,
+    sortable_table,
     text_cell,
 )
 from privacylab.report.plots import COLORS, FONT_PT, _to_png
@@ -134,19 +135,10 @@ def _cell(key: str, value: Any) -> str:
 
 
 def _table(rows: Sequence[Mapping[str, Any]]) -> str:
-    head = "".join(
-        f'<th class="{"text" if k in _TEXT else "num"}" title="{e(tip)}" scope="col">{e(h)}</th>'
-        for k, h, tip in COLUMNS
-    )
     body = [
         "<tr>" + "".join(_cell(k, _value(row, k)) for k, _, _ in COLUMNS) + "</tr>" for row in rows
     ]
-    if not body:
-        body.append(f'<tr><td colspan="{len(COLUMNS)}">no attack</td></tr>')
-    return (
-        f'<table class="sortable property-runs">\n<thead><tr>{head}</tr></thead>\n'
-        "<tbody>\n" + "\n".join(body) + "\n</tbody>\n</table>"
-    )
+    return sortable_table("property-runs", COLUMNS, body, text=_TEXT, empty="no attack")
 
 
 def _facts(block: Mapping[str, Any]) -> str:

@@ -30,6 +30,7 @@ from privacylab.report._format import (
     num_cell,
     number,
     section_block,
+    sortable_table,
     text_cell,
 )
 from privacylab.report.reconstruction import labels_given, run_labels
@@ -101,19 +102,11 @@ def _table(rows: list[Mapping[str, Any]], labels: list[str]) -> str:
     if all(label == str(r.get("defense")) for r, label in zip(rows, labels, strict=True)):
         hidden.add("label")
     columns = [c for c in RUN_COLUMNS if c[0] not in hidden]
-    head = "".join(
-        f'<th class="{"text" if k in _TEXT else "num"}" title="{e(tip)}" scope="col">{e(name)}</th>'
-        for k, name, tip in columns
-    )
     body = []
     for row, label in zip(rows, labels, strict=True):
         values = {**row, "label": label}
         body.append("<tr>" + "".join(_cell(c[0], values.get(c[0]), row) for c in columns) + "</tr>")
-    return (
-        f'<table class="sortable gradient-runs">\n<thead><tr>{head}</tr></thead>\n<tbody>\n'
-        + "\n".join(body)
-        + "\n</tbody>\n</table>"
-    )
+    return sortable_table("gradient-runs", columns, body, text=_TEXT)
 
 
 def _facts(rows: list[Mapping[str, Any]]) -> str:
