@@ -14,16 +14,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
+from _cli import command
 from privacylab.attacks.extraction import EXTRACTION_ATTACKS, extraction_names, register_extraction
-from privacylab.cli import app
 from privacylab.defenses import DEFENSES, defense_names, register_defense
 from privacylab.models import ModelSpec, build_model, save_model
 from privacylab.training import TrainConfig, train_job
 from test_extract import _FakeCopy, _FakeExact, _FakeWatch
 
-runner = CliRunner()
+invoke, run_json, fails = command("attack", "extraction")
 CONFIG = TrainConfig(epochs=4, batch_size=64, lr=0.1, optimizer="momentum", seed=0)
 ISSUE_KEYS = {"method", "queries", "accuracy", "fidelity", "victim_accuracy"}
 
@@ -53,28 +52,6 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     meta = {"data": {"name": "mnist5k"}, "training": CONFIG.to_dict()}
     save_model(build_model("cnn", (1, 28, 28), 10, seed=0), base / "cnn", spec, meta)
     return {"mlp": base / "mlp", "tanh": base / "tanh", "cnn": base / "cnn"}
-
-
-def invoke(*args: str):
-    return runner.invoke(app, ["attack", "extraction", *args])
-
-
-def run_json(*args: str) -> dict:
-    result = invoke(*args, "--json")
-    assert result.exit_code == 0, result.stderr + result.stdout
-    lines = result.stdout.strip().splitlines()
-    assert len(lines) == 1, result.stdout
-    return json.loads(lines[0])
-
-
-def fails(*args: str) -> str:
-    """The one stderr line of a refused command (exit 2, nothing on stdout)."""
-    result = invoke(*args, "--json")
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert result.stdout == ""
-    return lines[0]
 
 
 def test_one_method_prints_the_issue_flat_object(models: dict[str, Path], tmp_path: Path) -> None:

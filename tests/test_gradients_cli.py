@@ -11,38 +11,15 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 import privacylab.reconstruct as job
-from privacylab.cli import app
+from _cli import command
 from privacylab.defenses.update import parse_update_defense
 
-runner = CliRunner()
+invoke, run_json, fails = command("attack", "gradients")
 FAST = ("--options", '{"iterations": 5}')
 ISSUE_KEYS = {"method", "psnr", "ssim", "mse", "label_accuracy", "batch_size", "defense"}
 FACT_KEYS = {"dataset", "model", "examples", "local_steps", "clients", "baseline_psnr"}
-
-
-def invoke(*args: str):
-    return runner.invoke(app, ["attack", "gradients", *args])
-
-
-def run_json(*args: str) -> dict:
-    result = invoke(*args, "--json")
-    assert result.exit_code == 0, result.stderr + result.stdout
-    lines = result.stdout.strip().splitlines()
-    assert len(lines) == 1, result.stdout
-    return json.loads(lines[0])
-
-
-def fails(*args: str) -> str:
-    """The one stderr line of a refused command (exit 2, nothing on stdout)."""
-    result = invoke(*args, "--json")
-    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert result.stdout == ""
-    return lines[0]
 
 
 def test_one_defence_prints_the_issue_flat_object() -> None:

@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import privacylab.invert as invert
-from privacylab.cli import app
+from _cli import command
 from privacylab.training import TrainConfig, train_job
 
-runner = CliRunner()
+invoke, run_json, fails = command("attack", "inversion")
 FAST = '{"alpha": 40, "beta": 40}'
 
 
@@ -33,18 +32,6 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def quick_evaluator(monkeypatch: pytest.MonkeyPatch) -> None:
     """The evaluator trained for 8 epochs, not 30: still > 0.8 on the target's rows."""
     monkeypatch.setitem(invert.EVALUATOR_TRAINING, "epochs", 8)
-
-
-def invoke(*args: str):
-    return runner.invoke(app, ["attack", "inversion", *args])
-
-
-def run_json(*args: str) -> dict:
-    result = invoke(*args, "--json")
-    assert result.exit_code == 0, result.stderr + result.stdout
-    lines = result.stdout.strip().splitlines()
-    assert len(lines) == 1, result.stdout
-    return json.loads(lines[0])
 
 
 def test_json_report_and_store(model: Path, tmp_path: Path) -> None:
@@ -129,14 +116,8 @@ def test_a_stopped_run_resumes_at_the_next_class(
     ],
 )
 def test_bad_input_is_one_line(model: Path, tmp_path: Path, args: list[str], words: str) -> None:
-    result = invoke("--target", str(model), "--cache", str(tmp_path), *args, "--json")
-    assert result.exit_code == 2, (result.stdout, result.stderr)
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], lines
-    assert result.stdout == ""
+    assert words in fails("--target", str(model), "--cache", str(tmp_path), *args)
 
 
 def test_missing_folder_is_one_line(tmp_path: Path) -> None:
-    result = invoke("--target", str(tmp_path / "nothing"), "--json")
-    assert result.exit_code == 2
-    assert result.stderr.strip().startswith("error: ") and "not a model folder" in result.stderr
+    assert "not a model folder" in fails("--target", str(tmp_path / "nothing"))

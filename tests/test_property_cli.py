@@ -10,25 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 import privacylab.infer_property as job
-from privacylab.cli import app
+from _cli import command
 from privacylab.execution import ResultStore, TaskError
 from privacylab.infer_property import NAMESPACE, PropertyConfig, property_models, run_property
 
-runner = CliRunner()
+_, run_json, fails = command("attack", "property")
 TINY = ("--shadows", "3", "--targets", "2", "--epochs", "4", "--train-size", "60")
 ISSUE_KEYS = {"method", "property", "accuracy", "auc", "chance", "queries", "seconds"}
 
 
-def invoke(*args: str) -> Any:
-    return runner.invoke(app, ["attack", "property", *args])
-
-
 def test_json_and_report(tmp_path: Path) -> None:
     out = tmp_path / "report"
-    result = invoke(
+    payload = run_json(
         "--property",
         "class-share:1:0.1:0.6",
         "--method",
@@ -38,10 +33,7 @@ def test_json_and_report(tmp_path: Path) -> None:
         "16",
         "--out",
         str(out),
-        "--json",
     )
-    assert result.exit_code == 0, result.output
-    payload = json.loads(result.stdout)
     assert payload["property"] == "class-share:1:0.1:0.6"
     assert payload["models_trained"] == 8 and payload["models_from_store"] == 0
     rows = {r["method"]: r for r in payload["attacks"]}
@@ -58,7 +50,7 @@ def test_json_and_report(tmp_path: Path) -> None:
     assert saved["property_inference"]["attacks"][0]["method"] == "property-whitebox"
     assert list((out / "property-cache" / "models").iterdir())
 
-    again = invoke(
+    flat = run_json(
         "--property",
         "class-share:1:0.1:0.6",
         "--method",
@@ -68,10 +60,7 @@ def test_json_and_report(tmp_path: Path) -> None:
         "16",
         "--cache",
         str(out / "property-cache"),
-        "--json",
     )
-    assert again.exit_code == 0, again.output
-    flat = json.loads(again.stdout)
     assert flat["method"] == "property-blackbox"  # one method: a flat object
     assert flat["models_from_store"] == 8 and flat["models_trained"] == 0
     assert flat["scores"] == rows["property-blackbox"]["scores"]
@@ -157,9 +146,5 @@ def test_run_property_is_reproducible(tmp_path: Path) -> None:
     ],
 )
 def test_bad_input_is_one_line_exit_2(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
-    result = invoke(*args, "--cache", str(tmp_path / "c"), "--json")
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert message in lines[0]
+    assert message in fails(*args, "--cache", str(tmp_path / "c"))
     assert not (tmp_path / "c" / "models").exists()  # nothing was trained
