@@ -48,7 +48,7 @@ from privacylab.attacks.inversion import (
     run_reconstruction,
 )
 from privacylab.data import load_dataset
-from privacylab.federated import LocalTraining, ObservedUpdate
+from privacylab.federated import ClientDefense, LocalTraining, ObservedUpdate
 from privacylab.models import build_model
 from privacylab.stats.images import PSNR_CAP, image_scores
 from privacylab.target import Target
@@ -127,7 +127,7 @@ def attack(
     y: Tensor,
     *,
     training: LocalTraining | None = None,
-    defense: str | None = None,
+    defense: str | ClientDefense | None = None,
     clients: int = 1,
     rounds: int = 1,
     labels_known: bool = True,
@@ -135,7 +135,8 @@ def attack(
     seed: int = 0,
 ) -> ReconstructionResult:
     """privacylab's attack `method` on the update of a client holding (x, y), computed from
-    `model`'s parameters with `training` and the client defence `defense` (spec), as the
+    `model`'s parameters with `training` and the client defence `defense` (a spec or a
+    `ClientDefense`), as the
     honest-but-curious server sees it (`clients` > 1: secure aggregation over that many
     clients splitting the rows). Labels and the local procedure are given to the task;
     each attack keeps only the side information its threat model declares."""
@@ -143,7 +144,10 @@ def attack(
     from privacylab.federated import observe
 
     training = training or LocalTraining()
-    shield = None if defense in (None, "none") else parse_update_defense(defense)
+    if defense is None or isinstance(defense, str):
+        shield = None if defense in (None, "none") else parse_update_defense(defense)
+    else:
+        shield = defense
     updates = observe(
         model,
         x,
@@ -169,7 +173,7 @@ def attack(
         task,
         GradientTruth(x=x, y=y),
     )
-    result.defense = defense or "none"
+    result.defense = "none" if shield is None else shield.spec
     return result
 
 

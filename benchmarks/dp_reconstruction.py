@@ -25,8 +25,10 @@ Success: PSNR > 20 dB (a recognisable digit; > 30 dB, an exact copy, is reported
 to succeed": the smallest ε from which, at it and every larger ε tried, at least half the images
 are reconstructed (PSNR > 20 dB). PSNR near the dummy-init baseline (what no leakage gives)
 means the attack learned nothing. Durable: each run is stored as it finishes (``--store``,
-default ``runs/bench-cache/dp_reconstruction.sqlite``); a re-run resumes. An ε the accountant
-cannot calibrate is reported with its one-line error.
+default ``runs/bench-cache/dp_reconstruction.sqlite``); a re-run resumes. For an ε the update
+defence's PLD calibration refuses (its grid grows with ε), sigma comes from the RDP accountant
+instead (`RdpLocalDP`; an over-estimate of ε, so a larger sigma: still a valid guarantee); the
+table says which accountant set each sigma.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ from _reconstruction import (
     trained_relu_cnn,
 )
 from privacylab.errors import PrivacylabError
-from privacylab.federated import LocalTraining
+from privacylab.federated import LocalPrivacy, LocalTraining
 
 EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 64.0, 256.0, 1e3, 1e4)
 METHODS = ("dlg", "idlg", "ig")
@@ -69,17 +71,49 @@ SUCCESS = 20.0
 EXACT = 30.0
 
 
-def sigma_for(epsilon: float) -> dict[str, Any]:
-    """The noise multiplier `dp:EPS` calibrates for one FedSGD participation, or its error."""
+class RdpLocalDP:
+    """``dp:EPS`` for an ε whose PLD calibration the update defence refuses (its privacy-loss
+    grid grows with ε: ε >= 1e3 here): the same DP-SGD in the client (clip 1, Gaussian noise
+    sigma * clip, `federated.LocalPrivacy`), with sigma from
+    `privacylab.accounting.calibrate_noise_multiplier(..., accountant="rdp")`. RDP over-states
+    ε, so this sigma is at least the PLD one would be: the (ε, 1e-5) guarantee still holds."""
+
+    def __init__(self, epsilon: float, delta: float = 1e-5, clip: float = 1.0) -> None:
+        from privacylab.accounting import calibrate_noise_multiplier
+
+        self.epsilon, self.clip = epsilon, clip
+        self.sigma = calibrate_noise_multiplier(
+            epsilon, delta, sample_rate=1.0, steps=1, accountant="rdp"
+        )
+
+    @property
+    def spec(self) -> str:
+        return f"dp:{self.epsilon:g}"
+
+    def local_privacy(self, *, training: LocalTraining, examples: int, rounds: int) -> LocalPrivacy:
+        if training.steps(examples) * rounds != 1:
+            raise PrivacylabError("RdpLocalDP is calibrated for one local step in one round")
+        return LocalPrivacy(self.clip, self.sigma)
+
+    def apply(self, update: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+        return dict(update)
+
+
+def defence_for(epsilon: float) -> tuple[Any, dict[str, Any]]:
+    """The client defence for ``dp:EPS`` (ours: `parse_update_defense`; the RDP-calibrated
+    stand-in when that refuses) and its noise multiplier, accountant and any refusal."""
     from privacylab.defenses.update import parse_update_defense
 
+    spec = f"dp:{epsilon:g}"
     try:
-        privacy = parse_update_defense(f"dp:{epsilon:g}").local_privacy(
-            training=LocalTraining(), examples=1, rounds=1
-        )
+        defence = parse_update_defense(spec)
+        privacy = defence.local_privacy(training=LocalTraining(), examples=1, rounds=1)
+        return spec, {"sigma": privacy.noise_multiplier, "clip": privacy.clip,
+                      "accountant": "pld", "error": None}  # fmt: skip
     except PrivacylabError as err:
-        return {"sigma": None, "clip": None, "error": str(err)}
-    return {"sigma": privacy.noise_multiplier, "clip": privacy.clip, "error": None}
+        stand_in = RdpLocalDP(epsilon)
+        return stand_in, {"sigma": stand_in.sigma, "clip": stand_in.clip, "accountant": "rdp",
+                          "error": None, "pld_refused": str(err)}  # fmt: skip
 
 
 def starts_to_succeed(rows: list[dict[str, Any]]) -> float | None:
@@ -110,7 +144,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if "ig" in args.methods:
         cnn, cnn_accuracy = trained_relu_cnn(args.epochs, args.seed)
         log(f"trained relu cnn: test accuracy {cnn_accuracy:.3f}")
-    sigmas = {eps: sigma_for(eps) for eps in args.epsilons}
+    defences = {eps: defence_for(eps) for eps in args.epsilons}
+    sigmas = {eps: info for eps, (_, info) in defences.items()}
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in args.methods}
     try:
         for method in args.methods:
@@ -135,15 +170,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     config = {"method": method, "defense": spec, "row": row, "seed": args.seed,
                               "iterations": iterations, "epochs": args.epochs,
                               "tv": args.tv if method == "ig" else None}  # fmt: skip
+                    if eps is not None and sigmas[eps]["accountant"] != "pld":
+                        config["accountant"] = sigmas[eps]["accountant"]
+                    shield = "none" if eps is None else defences[eps][0]
 
-                    def compute(row: int = row, model: Any = model, spec: str = spec,
+                    def compute(row: int = row, model: Any = model, shield: Any = shield,
                                 method: str = method, iterations: int = iterations
                                 ) -> dict[str, Any]:  # fmt: skip
                         x, y = x_all[row : row + 1], y_all[row : row + 1]
                         options: dict[str, Any] = {"iterations": iterations}
                         if method == "ig":
                             options["tv"] = args.tv
-                        res = attack(method, model, x, y, defense=spec, seed=args.seed,
+                        res = attack(method, model, x, y, defense=shield, seed=args.seed,
                                      options=options)  # fmt: skip
                         return {"row": row, **result_row(res)}
 
@@ -211,7 +249,8 @@ def print_tables(payload: dict[str, Any]) -> None:
     specs = [r["defense"] for r in payload["results"][methods[0]]]
     for i, spec in enumerate(specs):
         first = payload["results"][methods[0]][i]
-        cells = [spec, fmt(first.get("sigma"), ".3g")]
+        accountant = payload["sigma"].get(spec.removeprefix("dp:"), {}).get("accountant")
+        cells = [spec, fmt(first.get("sigma"), ".3g") + (f" ({accountant})" if accountant else "")]
         for m in methods:
             r = payload["results"][m][i]
             if r.get("error"):
