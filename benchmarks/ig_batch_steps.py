@@ -163,7 +163,7 @@ def plot(payload: dict[str, Any], path: Path) -> str:
     right.plot([r["local_steps"] for r in st], [r["baseline_psnr"] for r in st], ":", c="grey",
                label="dummy init")  # fmt: skip
     right.axhline(SUCCESS, c="k", lw=0.5)
-    right.set_xlabel(f"local steps (FedAvg, {st[0]['batch_size'] if st else '-'} images)")
+    right.set_xlabel(f"local steps (FedAvg, {st[0]['batch_size'] if st else '-'} image(s))")
     right.set_title("PSNR vs local steps")
     right.legend()
     fig.suptitle(payload["setting"]["model"], fontsize=9)
