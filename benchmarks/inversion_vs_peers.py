@@ -33,6 +33,11 @@ Attackers:
   installed with ``--no-deps`` (see `_reconstruction`'s docstring). Without it the peer rows
   say why and only the original loop is compared.
 
+breaching 0.1.2's joint (DLG) attacker returns the argmax of its *initial* label candidate, not
+of the labels it optimised (`OptimizationJointAttacker.reconstruct` appends `labels.argmax` of
+the template and drops the `label` `_run_trial` returns): its DLG label accuracy is that of a
+random guess, a bug in the peer that leaves its images unaffected.
+
 Success: PSNR > 30 dB (a visually exact copy of a 28x28 digit; the issue's criterion). Ratios:
 ours / peer of mean PSNR (higher is better) and of mean seconds per image (lower is better).
 Run breaching with the Python that has it (e.g. a venv with system site packages).
