@@ -30,8 +30,10 @@ Sweeps (each defence alone, everything else at the undefended setting B=1, S=1, 
   delta 1e-5, PLD): the attacked update is one participation calibrated to (EPS, 1e-5) — the
   least noise any update of a client at that ε carries, so the attack row bounds the leakage of
   the federation's updates from above; the federation calibrates σ for all its rounds (both σ
-  are printed). Helper G's ε sweep (`dp_reconstruction.py`) on the same first image is shown
-  beside when its store holds it.
+  are printed; the defence charges a client every round, selected or not, with no
+  amplification by the server's sampling of 10 of 4000 // B clients, so σ_federation is a
+  pessimistic upper bound and the DP rows' accuracy a lower one). Helper G's ε sweep
+  (`dp_reconstruction.py`) on the same first image is shown beside when its store holds it.
 
 Federation (the accuracy column; `privacylab.federated.Federation`): the ReLU `cnn`, seed
 ``--seed``, on mnist5k's 4,000 training rows cut into 4000 // B clients of B rows each (iid,
@@ -377,7 +379,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         undefended[method] = row["psnr"]
                     table.append(row)
                     log(
-                        f"{sweep} {fmt(value, 'g') if value is not None else 'none'} {method}: "
+                        f"{sweep} {fmt(value, 'g') if value is not None else 'none'} "
+                        f"{row['method']}: "
                         f"PSNR {row['psnr']:.1f} dB, accuracy {fed['accuracy']:.3f}"
                     )
     finally:
