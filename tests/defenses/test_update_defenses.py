@@ -232,3 +232,22 @@ def test_bad_updates_and_generators_are_one_line() -> None:
     assert dp is not None
     with pytest.raises(DefenseError, match="rounds must be"):
         dp.local_privacy(training=LocalTraining(), examples=4, rounds=0)
+
+
+def test_dp_beyond_the_pld_grid_is_calibrated_by_the_exact_analytic_gaussian() -> None:
+    """ε = 1e3 and 1e4 (the issue's sweep) exceed PLD's grid; without sampling, k Gaussian
+    mechanisms are one of sensitivity √k, so the analytic Gaussian (Balle & Wang 2018) is exact;
+    at ε = 8 PLD's σ is at least the exact one (PLD only over-states ε)."""
+    from privacylab.mechanisms.gaussian import analytic_gaussian_sigma
+
+    for epsilon in (1e3, 1e4):
+        defense = parse_update_defense(f"dp:{epsilon:g}")
+        privacy = defense.local_privacy(training=LocalTraining(), examples=4, rounds=1)
+        exact = analytic_gaussian_sigma(epsilon, 1e-5)
+        assert privacy.noise_multiplier == pytest.approx(exact, rel=1e-12)
+        assert defense.to_dict()["epsilon_spent"] == pytest.approx(epsilon, rel=1e-6)
+    for epsilon in (8.0, 1e3):  # PLD's grid is fine here: at least the exact sigma
+        pld = parse_update_defense(f"dp:{epsilon:g}").noise_multiplier(
+            LocalTraining("fedavg", epochs=2), 3
+        )
+        assert pld >= analytic_gaussian_sigma(epsilon, 1e-5, sensitivity=6**0.5)

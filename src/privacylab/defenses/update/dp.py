@@ -20,7 +20,10 @@ client's row count (the divisor of each noisy sum; the server is told it anyway,
 by it) is taken as public, as the lot size is in Abadi et al. σ comes from
 `calibrate_noise_multiplier(ε, δ, 1.0, steps, accountant)` (PLD by default, Koskela et al.
 2020 / Google's dp_accounting: tight for composed Gaussians), the smallest σ whose ε does not
-exceed the target.
+exceed the target. Where PLD's grid would be too large (ε of 10^3 and beyond), σ comes from the
+exact analytic Gaussian mechanism instead (Balle & Wang 2018, Theorem 8): without sampling, k
+Gaussian mechanisms of multiplier σ compose to exactly one of L2 sensitivity √k, so
+σ = analytic_gaussian_sigma(ε, δ, √k) is exact; the accountant used is reported.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from privacylab.defenses.base import DefenseError, Parameter
 from privacylab.defenses.update.base import UpdateDefense, register_update_defense
 from privacylab.errors import PrivacylabError
 from privacylab.federated.protocol import LocalPrivacy, LocalTraining
+from privacylab.mechanisms.gaussian import analytic_gaussian_sigma, gaussian_epsilon_for
 
 __all__ = ["LocalDPSGD"]
 
@@ -83,26 +87,25 @@ class LocalDPSGD(UpdateDefense):
         """The smallest σ (by the accountant) at which `rounds` participations of local
         training `training` are (ε, δ)-DP."""
         steps = self.steps(training, rounds)
+        epsilon, delta = self.params["epsilon"], self.params["delta"]
         try:
-            return calibrate_noise_multiplier(
-                self.params["epsilon"],
-                self.params["delta"],
-                1.0,
-                steps,
-                self.params["accountant"],
-            )
+            return calibrate_noise_multiplier(epsilon, delta, 1.0, steps, self.params["accountant"])
         except PrivacylabError as error:
-            raise DefenseError(f"{self.spec}: {error}") from None
+            if self.params["accountant"] != "pld":
+                raise DefenseError(f"{self.spec}: {error}") from None
+        return analytic_gaussian_sigma(epsilon, delta, sensitivity=steps**0.5)
 
     def epsilon_spent(self, noise_multiplier: float, steps: int) -> float:
         """ε of `steps` unsampled Gaussian mechanisms of multiplier σ at this δ (the
         accountant's `compose(dp_sgd(σ, 1.0, steps)).epsilon(δ)`, memoised: every client
         asks in every round)."""
-        return float(
-            dp_sgd_epsilon(
-                noise_multiplier, 1.0, steps, self.params["delta"], self.params["accountant"]
+        delta = self.params["delta"]
+        try:
+            return float(
+                dp_sgd_epsilon(noise_multiplier, 1.0, steps, delta, self.params["accountant"])
             )
-        )
+        except PrivacylabError:
+            return gaussian_epsilon_for(noise_multiplier, delta, sensitivity=steps**0.5)
 
     def local_privacy(self, *, training: LocalTraining, examples: int, rounds: int) -> LocalPrivacy:
         """`LocalPrivacy(clip, σ)` for a client with `examples` rows taking part in up to
