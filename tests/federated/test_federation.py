@@ -426,3 +426,16 @@ def test_bad_data_and_rounds_are_one_line() -> None:
         with pytest.raises(FederatedError, match=message) as info:
             build()
         assert "\n" not in str(info.value)
+
+
+def test_a_client_defence_is_charged_for_the_busiest_clients_participations() -> None:
+    """Selection depends only on the seed: with 1 of 6 clients per round over 6 rounds, the
+    DP budget covers the most rounds any client is selected in, not all 6."""
+    x, y = _rows(30)
+    defense = _Halve()
+    config = FederationConfig(clients=6, rounds=6, clients_per_round=1, seed=2)
+    fed = Federation(_logreg(), x, y, config, defense)
+    counts = [sum(c in fed.selected(r) for r in range(1, 7)) for c in range(6)]
+    assert fed.participations == max(counts) < 6
+    fed.round(1)
+    assert defense.asked == [(5, max(counts))]

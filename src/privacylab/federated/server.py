@@ -294,6 +294,7 @@ class Federation:
         self._completed = 0
         self._history: list[RoundRecord] = []
         self._executor: Executor | None = None
+        self._participations: int | None = None
         self._fingerprint = self._make_fingerprint(x, y)
 
     def _split(self, n: int) -> list[Tensor]:
@@ -347,6 +348,20 @@ class Federation:
             raise FederatedError(f"client must be in 0..{self.config.clients - 1}, got {c!r}")
         rows = self._rows[c]
         return self._x[rows], self._y[rows]
+
+    @property
+    def participations(self) -> int:
+        """The most rounds any one client takes part in over the whole run: what a DP-SGD
+        client defence is calibrated for. Selection depends only on the seed, never on the
+        data, so a client's rows are charged only for the rounds it is selected in (no
+        amplification by the selection is claimed); every client shares the σ of the busiest,
+        so σ tells nothing about a client's own schedule."""
+        if self._participations is None:
+            counts = np.zeros(self.config.clients, dtype=np.int64)
+            for r in range(1, self.config.rounds + 1):
+                counts[self.selected(r)] += 1
+            self._participations = max(int(counts.max()), 1)
+        return self._participations
 
     def selected(self, r: int) -> list[int]:
         """The clients taking part in round `r`: all, or `clients_per_round` of them drawn
@@ -425,7 +440,7 @@ class Federation:
                     seed=config.seed,
                     round=r,
                     client=c,
-                    rounds=config.rounds,
+                    rounds=self.participations,
                     device=str(self.device),
                     to_cpu=not in_process,
                 )
