@@ -29,11 +29,13 @@ Sweeps (each defence alone, everything else at the undefended setting B=1, S=1, 
 * DP-SGD at the client, ``dp:EPS`` (`privacylab.defenses.update`, Abadi et al. 2016 Alg. 1, clip 1,
   delta 1e-5, PLD): the attacked update is one participation calibrated to (EPS, 1e-5) — the
   least noise any update of a client at that ε carries, so the attack row bounds the leakage of
-  the federation's updates from above; the federation calibrates σ for all its rounds (both σ
-  are printed; the defence charges a client every round, selected or not, with no
-  amplification by the server's sampling of 10 of 4000 // B clients, so σ_federation is a
-  pessimistic upper bound and the DP rows' accuracy a lower one). Helper G's ε sweep
-  (`dp_reconstruction.py`) on the same first image is shown beside when its store holds it.
+  the federation's updates from above; the federation calibrates σ for the most rounds any one
+  client is selected in (`Federation.participations`: selection is seeded and data-independent,
+  so a client is charged only for the rounds it takes part in, every client sharing the σ of
+  the busiest; no amplification by the server's sampling of 10 of 4000 // B clients is
+  claimed, so σ_federation is still an upper bound and the DP rows' accuracy a lower one). Both
+  σ are printed, with the participations. Helper G's ε sweep (`dp_reconstruction.py`) on the
+  same first image is shown beside when its store holds it.
 
 Federation (the accuracy column; `privacylab.federated.Federation`): the ReLU `cnn`, seed
 ``--seed``, on mnist5k's 4,000 training rows cut into 4000 // B clients of B rows each (iid,
@@ -47,7 +49,11 @@ undefended federation's.
 
 Durable: attacks go to the result store (``--store``, default
 ``runs/bench-cache/federated_defenses.sqlite``) as each finishes; each federation checkpoints
-every round in a folder beside it and its result is stored; a killed run resumes.
+every round in a folder beside it and its result is stored; a killed run resumes. A DP
+federation's key (and folder) holds its participations and calibrated σ, so a change in how
+the federation calibrates its noise trains it afresh instead of reusing a stale result. An
+empty list (``--batches`` with no value) skips that sweep; the DP sweep's undefended row (and
+the ratios' references) always runs, from the store when already there.
 """
 
 from __future__ import annotations
@@ -128,14 +134,16 @@ def training_of(s: dict[str, Any]) -> LocalTraining:
     return LocalTraining("fedavg", epochs=s["steps"], batch_size=None, lr=LOCAL_LR)
 
 
-def sigmas(spec: str, batch: int, training: LocalTraining, rounds: int) -> dict[str, Any]:
-    """σ of `dp:EPS` for one participation (the attacked update) and for `rounds` (the
-    federation), or the accountant's one-line error."""
+def sigmas(spec: str, batch: int, training: LocalTraining, charged: int) -> dict[str, Any]:
+    """σ of `dp:EPS` for one participation (the attacked update) and for `charged`, the
+    most rounds any one client of the federation is selected in (what
+    `Federation.participations` calibrates the clients' defence for), or the accountant's
+    one-line error."""
     if not spec.startswith("dp:"):
         return {}
     defense = parse_update_defense(spec)
-    out: dict[str, Any] = {}
-    for name, r in (("sigma_attack", 1), ("sigma_federation", rounds)):
+    out: dict[str, Any] = {"participations": charged}
+    for name, r in (("sigma_attack", 1), ("sigma_federation", charged)):
         try:
             privacy = defense.local_privacy(training=training, examples=batch, rounds=r)
             out[name] = privacy.noise_multiplier
@@ -150,9 +158,13 @@ def sigmas(spec: str, batch: int, training: LocalTraining, rounds: int) -> dict[
 
 
 def fed_config(s: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    """The federation of a setting (what its store key and checkpoint folder name)."""
+    """The federation of a setting (what its store key and checkpoint folder name). A DP
+    federation's also holds what fixes its noise — the participations its clients are
+    calibrated for and the resulting σ — so results computed under another calibration (before
+    `Federation.participations`: every round) are never reused; other settings' keys are
+    unchanged."""
     b = s["batch"]
-    return {
+    out: dict[str, Any] = {
         "model": FED_MODEL,
         "clients": MNIST_TRAIN // b,
         "rows_per_client": b,
@@ -163,6 +175,43 @@ def fed_config(s: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
         "defense": s["defense"],
         "seed": args.seed,
     }
+    if s["defense"].startswith("dp:"):
+        p = participations(s, args)
+        noise = sigmas(s["defense"], b, training_of(s), p)
+        out["calibration"] = {"participations": p, "sigma": noise.get("sigma_federation")}
+    return out
+
+
+def make_federation(s: dict[str, Any], args: argparse.Namespace) -> Federation:
+    """The (untrained) federation of setting `s`: the ReLU cnn seeded `--seed`, mnist5k's
+    training rows cut into 4000 // B clients, the row's defence on every client."""
+    from privacylab.models import build_model
+
+    b = s["batch"]
+    model = build_model(
+        FED_MODEL["name"], (1, 28, 28), NUM_CLASSES, seed=args.seed, **FED_MODEL["options"]
+    )
+    x, y = mnist("train")
+    cfg = FederationConfig(
+        clients=MNIST_TRAIN // b,
+        rows_per_client=b,
+        clients_per_round=args.per_round,
+        rounds=args.rounds,
+        training=training_of(s),
+        secure_aggregation=s["clients"] > 1,
+        seed=args.seed,
+    )
+    defense = None if s["defense"] == "none" else parse_update_defense(s["defense"])
+    return Federation(model, x, y, cfg, defense=defense)
+
+
+def participations(s: dict[str, Any], args: argparse.Namespace) -> int:
+    """`Federation.participations` of setting `s`'s federation: the most rounds any one client
+    is selected in (seeded, data-independent), memoised per client count."""
+    memo = ("participations", MNIST_TRAIN // s["batch"], args.per_round, args.rounds, args.seed)
+    if memo not in args.memo:
+        args.memo[memo] = make_federation(s, args).participations
+    return args.memo[memo]
 
 
 def federation(
@@ -171,33 +220,15 @@ def federation(
     """Train (or resume, or read back) the federation of setting `s`; its test accuracy, and
     with `keep_model` its global model (rebuilt from the checkpoint when already trained)."""
     from privacylab.federated.server import accuracy
-    from privacylab.models import build_model
 
     config = fed_config(s, args)
     key = config_key(config)
     folder = None if args.cache is None else args.cache / f"fed-{key[:16]}"
     holder: dict[str, Any] = {}
 
-    def make() -> Federation:
-        model = build_model(
-            FED_MODEL["name"], (1, 28, 28), NUM_CLASSES, seed=args.seed, **FED_MODEL["options"]
-        )
-        x, y = mnist("train")
-        cfg = FederationConfig(
-            clients=config["clients"],
-            rows_per_client=config["rows_per_client"],
-            clients_per_round=config["per_round"],
-            rounds=config["rounds"],
-            training=training_of(s),
-            secure_aggregation=config["secure_aggregation"],
-            seed=args.seed,
-        )
-        defense = None if s["defense"] == "none" else parse_update_defense(s["defense"])
-        return Federation(model, x, y, cfg, defense=defense)
-
     def compute() -> dict[str, Any]:
         test_x, test_y = mnist("test")
-        fed = make()
+        fed = make_federation(s, args)
         every = max(1, args.rounds // 10)
 
         def show(record: Any) -> None:
@@ -221,7 +252,7 @@ def federation(
     if keep_model:
         model = holder.get("model")
         if model is None:
-            fed = make()
+            fed = make_federation(s, args)
             fed.fit(checkpoint=folder, progress=False)
             model = fed.model
     return out, model
@@ -352,7 +383,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for value in values[sweep]:
                 s = setting(sweep, value, args)
                 fed, _ = federation(s, args)
-                extra = sigmas(s["defense"], s["batch"], training_of(s), args.rounds)
+                extra = {}
+                if s["defense"].startswith("dp:"):
+                    p = participations(s, args)
+                    extra = sigmas(s["defense"], s["batch"], training_of(s), p)
                 for method in attacks:
                     runs = attack_runs(method, s, target, args)
                     psnrs = [num(r["psnr"]) for r in runs]
@@ -436,7 +470,8 @@ def print_table(payload: dict[str, Any]) -> None:
     s = payload["setting"]
     table = Table(title="Federated defences: reconstruction quality and the federation's accuracy")
     for col in ("sweep", "setting", "rows", "attack", "PSNR dB", "x undef.", "SSIM", "labels",
-                "base", ">20 dB", "sigma att/fed", "G's PSNR", "fed. acc", "x undef."):  # fmt: skip
+                "base", ">20 dB", "sigma att/fed (p)", "G's PSNR", "fed. acc",
+                "x undef."):  # fmt: skip
         table.add_column(col)
     for r in payload["table"]:
         value = "none" if r["value"] is None else fmt(r["value"], "g")
@@ -444,6 +479,7 @@ def print_table(payload: dict[str, Any]) -> None:
         sig = "-"
         if r.get("sigma_attack") is not None or r.get("sigma_federation") is not None:
             sig = f"{fmt(r.get('sigma_attack'), '.3g')}/{fmt(r.get('sigma_federation'), '.3g')}"
+            sig += f" (p={r['participations']})" if "participations" in r else ""
         table.add_row(
             r["sweep"], f"{name}={value}", str(r["update_rows"]), r["method"], fmt(r["psnr"]),
             fmt(r["psnr_ratio"], ".2f"), fmt(r["ssim"], ".3f"), fmt(r["label_accuracy"], ".2f"),
@@ -485,10 +521,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     quick = args.quick
-    args.batches = args.batches or ([1, 4] if quick else [1, 2, 4, 8, 16])
-    args.steps = args.steps or ([1, 2] if quick else [1, 2, 5, 10])
-    args.clients = args.clients or ([1, 2] if quick else [1, 2, 4, 8])
-    args.epsilons = args.epsilons or ([1.0, 64.0] if quick else [1.0, 8.0, 64.0])
+    if args.batches is None:  # an empty list (the flag with no value) skips the sweep
+        args.batches = [1, 4] if quick else [1, 2, 4, 8, 16]
+    if args.steps is None:
+        args.steps = [1, 2] if quick else [1, 2, 5, 10]
+    if args.clients is None:
+        args.clients = [1, 2] if quick else [1, 2, 4, 8]
+    if args.epsilons is None:
+        args.epsilons = [1.0, 64.0] if quick else [1.0, 8.0, 64.0]
     args.rounds = args.rounds or (20 if quick else 300)
     args.iterations = args.iterations or (20 if quick else 300)
     args.ig_iterations = args.ig_iterations or (50 if quick else 500)
@@ -503,7 +543,11 @@ def main(argv: list[str] | None = None) -> int:
         args.store = None
     sizes = args.batches + args.steps + args.clients
     sizes += [args.steps_batch, args.sa_batch, args.trials, args.per_round]
-    if min(sizes) < 1 or min(args.epsilons) <= 0 or min(args.iterations, args.ig_iterations) < 1:
+    if (
+        min(sizes) < 1
+        or min(args.epsilons, default=1.0) <= 0
+        or min(args.iterations, args.ig_iterations) < 1
+    ):
         parser.error("sizes, steps, clients, trials and iterations must be >= 1 and every ε > 0")
     if max([*args.batches, args.steps_batch, args.sa_batch]) * args.per_round > MNIST_TRAIN:
         parser.error("batch x clients per round exceeds mnist5k's 4,000 training rows")
