@@ -87,7 +87,10 @@ def mse(a: object, b: object) -> np.ndarray:
 
 def psnr(a: object, b: object) -> np.ndarray:
     """Peak signal-to-noise ratio per image in dB (peak 1), capped at `PSNR_CAP`."""
-    err = mse(a, b)
+    return _psnr(mse(a, b))
+
+
+def _psnr(err: np.ndarray) -> np.ndarray:
     return np.minimum(10.0 * np.log10(1.0 / np.maximum(err, 10 ** (-PSNR_CAP / 10))), PSNR_CAP)
 
 
@@ -143,7 +146,8 @@ def image_scores(
     x, y = to_unit(reconstruction, bounds), to_unit(truth, bounds)
     order = match(x, y)
     paired = _batch(x, "reconstruction")[order]
-    per = {"mse": mse(paired, y), "psnr": psnr(paired, y), "ssim": ssim(paired, y)}
+    err = mse(paired, y)
+    per = {"mse": err, "psnr": _psnr(err), "ssim": ssim(paired, y)}
     out: dict[str, object] = {k: float(np.mean(v)) for k, v in per.items()}
     out["per_example"] = [{k: float(per[k][i]) for k in per} for i in range(len(order))]
     out["order"] = [int(i) for i in order]
