@@ -260,14 +260,16 @@ def inversion_rows(
                     device=device,
                 )
                 spec = ModelSpec(architecture, victim.data.input_shape, victim.data.num_classes)
-                save_model(
-                    evaluator.model, saved, spec, {"evaluator": json_ready(evaluator.facts())}
-                )
-                store.put(EVALUATORS, evaluator_key, json_ready(evaluator.facts()))
+                facts = json_ready(evaluator.facts())
+                save_model(evaluator.model, saved, spec, {"evaluator": facts})
+                store.put(EVALUATORS, evaluator_key, facts)
                 model = evaluator.model
             trained.append(InversionTruth(model, means))
         return trained[0]
 
+    root_target = Target(
+        victim.model, cls.threat_model.access, victim.spec.num_classes, device=device
+    )
     with ResultStore(folder / "store.sqlite") as store:
         for i, label in enumerate(chosen):
             key = config_key(
@@ -286,9 +288,6 @@ def inversion_rows(
             if stored is None:
                 if progress:
                     progress(stage, i, len(chosen))
-                root_target = Target(
-                    victim.model, cls.threat_model.access, victim.spec.num_classes, device=device
-                )
                 one = ModelInversionTask(
                     task.input_shape, task.num_classes, (label,), task.bounds, seed
                 )
@@ -350,12 +349,13 @@ def run_inversion(
         progress=progress,
     )
     victim = loaded.victim
-    name = inversion_class(method, "model").name
+    cls = inversion_class(method, "model")
+    name = cls.name
     correct = [bool(r.get("correct")) for r in rows]
     section: dict[str, Any] = {
         "method": name,
         "access": rows[0].get("access") if rows else None,
-        "paper": inversion_class(name).paper,
+        "paper": cls.paper,
         "evaluator_accuracy": float(np.mean(correct)) if correct else None,
         "mean_confidence": float(np.mean([r.get("confidence") or 0.0 for r in rows])),
         "queries": int(sum(int(r.get("queries") or 0) for r in rows)),
