@@ -247,29 +247,20 @@ def _fresh_model(config: GradientConfig, data: Dataset) -> tuple[nn.Module, dict
     name = config.model_name()
     shape = tuple(data.input_shape)
     if name == "lenet-sigmoid":
-        options: dict[str, Any] = {"activation": "sigmoid", "init": "uniform"}
-        return build_model("lenet", shape, data.num_classes, seed=config.seed, **options), {
-            "name": "lenet",
-            **options,
-        }
-    if name == "mlp":
+        arch, options = "lenet", {"activation": "sigmoid", "init": "uniform"}
+    elif name == "mlp":
         widths = MLP_WIDTHS.get(data.name, (128,))
-        options = {"widths": list(widths), "activation": "relu"}
-        return build_model("mlp", shape, data.num_classes, seed=config.seed, **options), {
-            "name": "mlp",
-            **options,
-        }
-    if len(shape) != 3 or min(shape[1:]) < CNN_MIN_SIDE:
-        raise InversionError(
-            f"model cnn needs images of at least {CNN_MIN_SIDE}x{CNN_MIN_SIDE} pixels but "
-            f"{data.name} has {'x'.join(str(s) for s in shape[1:])}; use --dataset mnist5k or "
-            "--model lenet-sigmoid"
-        )
-    options = {"activation": "relu"}
-    return build_model("cnn", shape, data.num_classes, seed=config.seed, **options), {
-        "name": "cnn",
-        **options,
-    }
+        arch, options = "mlp", {"widths": list(widths), "activation": "relu"}
+    else:
+        if len(shape) != 3 or min(shape[1:]) < CNN_MIN_SIDE:
+            raise InversionError(
+                f"model cnn needs images of at least {CNN_MIN_SIDE}x{CNN_MIN_SIDE} pixels but "
+                f"{data.name} has {'x'.join(str(s) for s in shape[1:])}; use --dataset mnist5k "
+                "or --model lenet-sigmoid"
+            )
+        arch, options = "cnn", {"activation": "relu"}
+    model = build_model(arch, shape, data.num_classes, seed=config.seed, **options)
+    return model, {"name": arch, **options}
 
 
 @dataclass(eq=False)
