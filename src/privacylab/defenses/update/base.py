@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from privacylab.defenses.base import Defense, DefenseError, parse_defense
+from privacylab.defenses.base import Defense, DefenseError, _fmt, parse_defense
 from privacylab.federated.protocol import LocalPrivacy, LocalTraining
 from privacylab.registry import Registry
 
@@ -98,10 +98,6 @@ class UpdateDefense(Defense):
         self, update: Mapping[str, Tensor], generator: torch.Generator
     ) -> dict[str, Tensor]:
         return self.apply(update, generator)
-
-
-def _fmt(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def check_update(update: Mapping[str, Tensor]) -> Mapping[str, Tensor]:
