@@ -390,6 +390,10 @@ class PropertyTask:
         """The black-box query set: `queries` pool positions (`query_positions`)."""
         return query_positions(len(self.pool_y), self.queries, self.seed)
 
+    def query_inputs(self) -> Tensor:
+        """The black-box query set's rows of the pool (`query_rows`)."""
+        return self.pool_x[torch.as_tensor(self.query_rows(), dtype=torch.long)]
+
 
 def train_shadows(task: PropertyTask) -> tuple[list[nn.Module], list[int]]:
     """The task's shadow models and their worlds: as given, or trained here in order."""
@@ -443,15 +447,17 @@ def dense_layers(model: nn.Module) -> list[nn.Linear]:
     for name, module in plain.named_modules():
         if isinstance(module, nn.Linear):
             layers.append(module)
-        elif not isinstance(module, ELEMENTWISE) and module is not plain:
-            raise InversionError(
-                f"property-whitebox reads fully connected networks only; layer '{name}' "
-                f"({type(module).__name__}) is not Linear; use property-blackbox"
-            )
-        elif module is plain and not isinstance(module, ELEMENTWISE):
+        elif isinstance(module, ELEMENTWISE):
+            continue
+        elif module is plain:
             raise InversionError(
                 f"property-whitebox reads fully connected networks (nn.Sequential of Linear "
                 f"layers) only, not {type(module).__name__}; use property-blackbox"
+            )
+        else:
+            raise InversionError(
+                f"property-whitebox reads fully connected networks only; layer '{name}' "
+                f"({type(module).__name__}) is not Linear; use property-blackbox"
             )
     if len(layers) < 2:
         raise InversionError(
@@ -696,7 +702,7 @@ class BlackBoxProperty(PropertyAttack):
         from sklearn.pipeline import make_pipeline
         from sklearn.preprocessing import StandardScaler
 
-        queries = task.pool_x[torch.as_tensor(task.query_rows(), dtype=torch.long)]
+        queries = task.query_inputs()
         features = []
         for model in models:
             with torch.no_grad():
@@ -710,7 +716,7 @@ class BlackBoxProperty(PropertyAttack):
         self.meta_train_accuracy = float(np.mean(self.meta.predict(x) == worlds))
 
     def _score(self, target: Target, task: PropertyTask) -> float:
-        queries = task.pool_x[torch.as_tensor(task.query_rows(), dtype=torch.long)]
+        queries = task.query_inputs()
         features = self._features(target.probabilities(queries))
         return float(self.meta.predict_proba(features[None])[0, 1])
 
