@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from privacylab.attacks.inversion.base import InversionError, replay
 from privacylab.federated import LocalTraining, ObservedUpdate
 
-__all__ = ["MatchRun", "match_gradients", "observed_gradients"]
+__all__ = ["MatchRun", "match_gradients"]
 
 
 @dataclass
@@ -46,11 +46,6 @@ class MatchRun:
     def finite(self) -> bool:
         """Whether the run ended with a finite objective and finite data."""
         return math.isfinite(self.loss) and bool(torch.isfinite(self.x).all())
-
-
-def observed_gradients(update: ObservedUpdate, device: torch.device) -> list[Tensor]:
-    """The observed update as a list in `update.state`'s order, detached, on `device`."""
-    return [update.update[k].detach().to(device) for k in update.state]
 
 
 def _distance(replayed: dict[str, Tensor], observed: list[Tensor]) -> Tensor:
@@ -82,7 +77,7 @@ def match_gradients(
     than a gradient), when D has not decreased by a relative 1e-4 over `patience` chunks, or
     when it is not finite (then `loss` is NaN and the caller discards the run). A model that
     cannot take `x` is refused in one line naming the attack (`name`)."""
-    observed = observed_gradients(update, x.device)
+    observed = [update.update[k].detach().to(x.device) for k in update.state]
     threshold = tol * float(torch.stack([g.pow(2).sum() for g in observed]).sum())
     initial = x.detach().clone()
     dummy = x.detach().clone().requires_grad_(True)
