@@ -122,8 +122,8 @@ def _defense_row(row: Mapping[str, Any], on_front: bool, threshold: float | None
     auc_by = top_auc.get("attack") if isinstance(top_auc, Mapping) else None
     cells = [
         text_cell(label(row)),
-        text_cell(str(row.get("kind") or MISSING)),
-        text_cell(str(row.get("serves") or MISSING)),
+        text_cell(row.get("kind")),
+        text_cell(row.get("serves")),
         num_cell(row.get("test_accuracy")),
         num_cell(row.get("train_accuracy")),
         text_cell(
