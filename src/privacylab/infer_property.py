@@ -179,10 +179,11 @@ class PropertyConfig:
             raise InversionError(f"--seed must be a whole number >= 0, got {self.seed!r}")
         parse_property(self.property)
         self.training()
-        for name in self.chosen_methods():
+        methods = self.chosen_methods()
+        for name in methods:
             self.attack(name)
         for name in self.attack_options:
-            if inversion_class(name, "property").name not in self.chosen_methods():
+            if inversion_class(name, "property").name not in methods:
                 raise InversionError(f"options given for {name}, which is not run")
         return self
 
@@ -309,6 +310,7 @@ def property_models(
     jobs: dict[str, dict[str, Any]] = {}
     roles: dict[str, dict[str, Any]] = {}
     for role, world, index, rows, seed in units:
+        indices = [int(r) for r in rows]
         identity = {
             "version": STORE_VERSION,
             "dataset": data.name,
@@ -319,12 +321,12 @@ def property_models(
             "role": role,
             "world": world,
             "seed": seed,
-            "rows": config_key({"rows": [int(r) for r in rows]}),
+            "rows": config_key({"rows": indices}),
         }
         key = config_key(identity)
         jobs[key] = {
             "recipe": recipe,
-            "indices": [int(r) for r in rows],
+            "indices": indices,
             "seed": seed,
             "folder": str(folder / "models" / key[:24]),
         }

@@ -58,7 +58,7 @@ def _payload(result: dict[str, Any]) -> dict[str, Any]:
     facts = {k: block.get(k) for k in FACTS}
     rows = [dict(r) for r in block["attacks"]]
     if len(rows) == 1:
-        return {**rows[0], **facts, "property": rows[0]["property"]}
+        return {**rows[0], **facts}
     return {**facts, "attacks": rows}
 
 
