@@ -252,15 +252,14 @@ class _Run:
                     info["dropped"] = int(len(refined) - len(keep))
                     w, b = self.net.layers[depth - 1]
                     self.net.layers[depth - 1] = (w[keep], b[keep])
-                    boundary = [boundary[i] for i in keep]
-                    self.boundary = boundary
+                    self.boundary = [boundary[i] for i in keep]
                     info["neurons"] = len(keep)
                 self.pending = [p for p in self.pending if not self.explained(p.kink.x, [])]
                 unexplained = len(self.pending)
             self.report.append(info)
             if unexplained == 0:
                 break
-            info["signs"] = self.intermediate_signs(depth, boundary)
+            info["signs"] = self.intermediate_signs(depth, self.boundary)
             depth += 1
         if not self.net.layers:
             raise ExtractionError(
