@@ -9,7 +9,9 @@ no learning rate to tune (the released DLG code uses a fixed step of 1, which di
 depending on the model; reports of DLG being "not reproducible" trace back to it).
 
 The optimiser runs in chunks of L-BFGS iterations; between chunks (only there) the objective
-is read back once for the stopping rule, the history and the snapshots.
+is read back once for the stopping rule, the history and the snapshots, and that evaluation
+(its gradient taken only when the run goes on) is the one the next chunk's L-BFGS step starts
+from, not computed again.
 """
 
 from __future__ import annotations
@@ -104,7 +106,11 @@ def match_gradients(
         target = labels if logits is None else torch.softmax(logits, dim=1)
         return _distance(replay(model, update, dummy, target, training), observed)
 
+    pending: list[Tensor] = []  # the boundary's objective, its gradient already in .grad
+
     def closure() -> Tensor:
+        if pending:
+            return pending.pop()
         optimizer.zero_grad(set_to_none=True)
         loss = objective()
         loss.backward()
@@ -114,9 +120,10 @@ def match_gradients(
     done = 0
     best = math.inf
     stalled = 0
+    reused = 0
     group = optimizer.param_groups[0]
     try:
-        first: Tensor | None = objective()
+        current = objective()
     except RuntimeError as error:
         reason = (str(error).strip().splitlines() or ["failed"])[0]
         raise InversionError(
@@ -124,12 +131,11 @@ def match_gradients(
             f"{tuple(dummy.shape)}: {reason}"
         ) from None
     while True:
-        value = float((first if first is not None else objective()).detach())
-        first = None
+        value = float(current.detach())
         run.evaluations += 1
         if not math.isfinite(value) or not bool(torch.isfinite(dummy).all()):
             run.iterations = done
-            run.evaluations += int(optimizer.state[dummy].get("func_evals", 0))
+            run.evaluations += int(optimizer.state[dummy].get("func_evals", 0)) - reused
             return run
         run.history.append((done, value))
         run.snapshots.append((done, dummy.detach().clone()))
@@ -139,12 +145,17 @@ def match_gradients(
             break
         group["max_iter"] = min(chunk, iterations - done)
         group["max_eval"] = group["max_iter"] * 25
+        optimizer.zero_grad(set_to_none=True)
+        current.backward()
+        pending.append(current)
+        reused += 1
         before = optimizer.state[dummy].get("n_iter", 0)
         optimizer.step(closure)
         done = int(optimizer.state[dummy]["n_iter"])
         if done == before:
             break
-    run.evaluations += int(optimizer.state[dummy].get("func_evals", 0))
+        current = objective()
+    run.evaluations += int(optimizer.state[dummy].get("func_evals", 0)) - reused
     run.x = dummy.detach().clone()
     run.label_logits = None if logits is None else logits.detach().clone()
     run.loss = value
