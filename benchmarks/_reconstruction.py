@@ -31,6 +31,7 @@ import os
 import sys
 import time
 import types
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -420,6 +421,42 @@ def cached(
     return value
 
 
+BENCH_CACHE = Path(__file__).resolve().parents[1] / "runs" / "bench-cache"
+"""Where the full (non --quick) runs keep their result stores by default."""
+
+
+def store_path(store: str | None, quick: bool, name: str) -> str | None:
+    """The --store value: by default ``runs/bench-cache/NAME.sqlite`` for a full run and none
+    with --quick; "none" or "" turns it off."""
+    if store is None and not quick:
+        store = str(BENCH_CACHE / f"{name}.sqlite")
+    return None if store in ("none", "") else store
+
+
+def open_store(path: str | None) -> Any:
+    """A `privacylab.execution.store.ResultStore` at `path` (its folder created), or None."""
+    if path is None:
+        return None
+    from privacylab.execution.store import ResultStore
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return ResultStore(path)
+
+
+def finish(
+    args: Any, run: Callable[[Any], dict[str, Any]], show: Callable[[dict[str, Any]], None]
+) -> int:
+    """The end of every benchmark's `main`: run with warnings silenced, then the JSON object
+    (--json) or the tables."""
+    warnings.filterwarnings("ignore")
+    payload = run(args)
+    if args.json:
+        print(json.dumps(payload, indent=2, default=_jsonable))
+    else:
+        show(payload)
+    return 0
+
+
 def result_row(result: ReconstructionResult) -> dict[str, Any]:
     """The numbers of one of our reconstructions kept by the benchmarks."""
     return {
@@ -461,12 +498,6 @@ def fmt(x: Any, spec: str = ".1f") -> str:
     return format(x, spec)
 
 
-def emit(payload: dict[str, Any], as_json: bool) -> None:
-    """The JSON object on stdout (with --json)."""
-    if as_json:
-        print(json.dumps(payload, indent=2, default=_jsonable))
-
-
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -478,6 +509,7 @@ def _jsonable(value: Any) -> Any:
 
 
 __all__ = [
+    "BENCH_CACHE",
     "IG_TV",
     "MNIST_TRAIN",
     "PSNR_CAP",
@@ -486,13 +518,14 @@ __all__ = [
     "breaching_status",
     "cached",
     "clean",
-    "emit",
+    "finish",
     "fmt",
     "judge_labels",
     "log",
     "mean",
     "mnist",
     "num",
+    "open_store",
     "original_dlg",
     "pick_rows",
     "plain_update",
@@ -501,6 +534,7 @@ __all__ = [
     "result_row",
     "scores",
     "sigmoid_lenet",
+    "store_path",
     "success",
     "trained_relu_cnn",
 ]

@@ -42,7 +42,6 @@ import argparse
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -53,16 +52,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _reconstruction import (
     attack,
     cached,
-    emit,
+    finish,
     fmt,
     log,
     mean,
     mnist,
     num,
+    open_store,
     pick_rows,
     recognised,
     result_row,
     sigmoid_lenet,
+    store_path,
     success,
 )
 
@@ -192,12 +193,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     rows = pick_rows(args.images, args.seed)
     folder = None if args.store is None else Path(args.store).parent
-    store = None
-    if args.store is not None:
-        from privacylab.execution.store import ResultStore
-
-        Path(args.store).parent.mkdir(parents=True, exist_ok=True)
-        store = ResultStore(args.store)
+    store = open_store(args.store)
     table = []
     try:
         for defense in args.defenses:
@@ -338,21 +334,10 @@ def main(argv: list[str] | None = None) -> int:
     args.defenses = args.defenses or (
         ["none", "noise:1e-1", "int8", "prune:0.7"] if args.quick else list(DEFENSES)
     )
-    if args.store is None and not args.quick:
-        args.store = str(
-            Path(__file__).resolve().parents[1] / "runs" / "bench-cache" / "dlg_defenses.sqlite"
-        )
-    if args.store in ("none", ""):
-        args.store = None
+    args.store = store_path(args.store, args.quick, "dlg_defenses")
     if min(args.images, args.iterations, args.clients) < 1 or args.rounds < 0:
         parser.error("images, iterations, clients must be >= 1 and rounds >= 0")
-    warnings.filterwarnings("ignore")
-    payload = run(args)
-    if args.json:
-        emit(payload, True)
-    else:
-        print_table(payload)
-    return 0
+    return finish(args, run, print_table)
 
 
 if __name__ == "__main__":

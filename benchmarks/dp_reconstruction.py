@@ -38,8 +38,6 @@ import math
 import os
 import sys
 import time
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,15 +48,17 @@ from _reconstruction import (
     IG_TV,
     attack,
     cached,
-    emit,
+    finish,
     fmt,
     log,
     mean,
     mnist,
     num,
+    open_store,
     pick_rows,
     result_row,
     sigmoid_lenet,
+    store_path,
     success,
     trained_relu_cnn,
 )
@@ -131,12 +131,7 @@ def starts_to_succeed(rows: list[dict[str, Any]]) -> float | None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
-    store = None
-    if args.store is not None:
-        from privacylab.execution.store import ResultStore
-
-        Path(args.store).parent.mkdir(parents=True, exist_ok=True)
-        store = ResultStore(args.store)
+    store = open_store(args.store)
     x_all, y_all = mnist("train")
     rows = pick_rows(args.images, args.seed)
     lenet = sigmoid_lenet((1, 28, 28), seed=args.seed)
@@ -297,24 +292,10 @@ def main(argv: list[str] | None = None) -> int:
     args.iterations = args.iterations or (20 if args.quick else 300)
     args.ig_iterations = args.ig_iterations or (40 if args.quick else 1000)
     args.epochs = args.epochs or (1 if args.quick else 2)
-    if args.store is None and not args.quick:
-        args.store = str(
-            Path(__file__).resolve().parents[1]
-            / "runs"
-            / "bench-cache"
-            / "dp_reconstruction.sqlite"
-        )
-    if args.store in ("none", ""):
-        args.store = None
+    args.store = store_path(args.store, args.quick, "dp_reconstruction")
     if min(args.images, args.iterations, args.ig_iterations) < 1 or min(args.epsilons) <= 0:
         parser.error("images and iterations must be >= 1 and every ε > 0")
-    warnings.filterwarnings("ignore")
-    payload = run(args)
-    if args.json:
-        emit(payload, True)
-    else:
-        print_tables(payload)
-    return 0
+    return finish(args, run, print_tables)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,6 @@ import os
 import sqlite3
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -74,18 +73,21 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _reconstruction import (
+    BENCH_CACHE,
     IG_TV,
     MNIST_TRAIN,
     NUM_CLASSES,
     cached,
-    emit,
+    finish,
     fmt,
     log,
     mean,
     mnist,
     num,
+    open_store,
     pick_rows,
     ratio,
+    store_path,
 )
 from privacylab.defenses.update import parse_update_defense
 from privacylab.execution.store import config_key
@@ -331,7 +333,7 @@ def attack_runs(
 def g_dp_psnr(method: str, spec: str, args: argparse.Namespace) -> float | None:
     """Helper G's PSNR (dp_reconstruction.py, default full settings) on the same first image,
     read from its store without writing to it; None when it is not there."""
-    path = Path(__file__).resolve().parents[1] / "runs" / "bench-cache" / "dp_reconstruction.sqlite"
+    path = BENCH_CACHE / "dp_reconstruction.sqlite"
     if not path.is_file():
         return None
     row = pick_rows(1, args.seed)[0]
@@ -355,13 +357,9 @@ def g_dp_psnr(method: str, spec: str, args: argparse.Namespace) -> float | None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
-    args.store_handle = None
     args.memo = {}
+    args.store_handle = open_store(args.store)
     if args.store is not None:
-        from privacylab.execution.store import ResultStore
-
-        Path(args.store).parent.mkdir(parents=True, exist_ok=True)
-        args.store_handle = ResultStore(args.store)
         args.cache = Path(args.store).with_suffix("")
         args.cache.mkdir(parents=True, exist_ok=True)
     else:
@@ -532,15 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     args.rounds = args.rounds or (20 if quick else 300)
     args.iterations = args.iterations or (20 if quick else 300)
     args.ig_iterations = args.ig_iterations or (50 if quick else 500)
-    if args.store is None and not quick:
-        args.store = str(
-            Path(__file__).resolve().parents[1]
-            / "runs"
-            / "bench-cache"
-            / "federated_defenses.sqlite"
-        )
-    if args.store in ("none", ""):
-        args.store = None
+    args.store = store_path(args.store, quick, "federated_defenses")
     sizes = args.batches + args.steps + args.clients
     sizes += [args.steps_batch, args.sa_batch, args.trials, args.per_round]
     if (
@@ -551,13 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("sizes, steps, clients, trials and iterations must be >= 1 and every ε > 0")
     if max([*args.batches, args.steps_batch, args.sa_batch]) * args.per_round > MNIST_TRAIN:
         parser.error("batch x clients per round exceeds mnist5k's 4,000 training rows")
-    warnings.filterwarnings("ignore")
-    payload = run(args)
-    if args.json:
-        emit(payload, True)
-    else:
-        print_table(payload)
-    return 0
+    return finish(args, run, print_table)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ from _reconstruction import (
     attack,
     breaching_attack,
     breaching_status,
-    emit,
+    finish,
     fmt,
     log,
     mnist,
@@ -259,13 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         args.grid = str(Path(args.plot).with_name(Path(args.plot).stem + "_grid.png"))
     if min(args.batches + args.steps + [args.steps_batch, args.iterations, args.restarts]) < 1:
         parser.error("batch sizes, steps, iterations and restarts must be >= 1")
-    warnings.filterwarnings("ignore")
-    payload = run(args)
-    if args.json:
-        emit(payload, True)
-    else:
-        print_tables(payload)
-    return 0
+    return finish(args, run, print_tables)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from typing import Any
 
 import torch
@@ -62,7 +61,7 @@ from _reconstruction import (
     attack,
     breaching_attack,
     breaching_status,
-    emit,
+    finish,
     fmt,
     log,
     mean,
@@ -313,13 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     args.lr_images = min(args.lr_images or (1 if args.quick else 4), args.images)
     if min(args.images, args.iterations, args.ig_iterations) < 1:
         parser.error("images and iterations must be >= 1")
-    warnings.filterwarnings("ignore")
-    payload = run(args)
-    if args.json:
-        emit(payload, True)
-    else:
-        print_tables(payload)
-    return 0
+    return finish(args, run, print_tables)
 
 
 if __name__ == "__main__":
