@@ -49,6 +49,10 @@ LAYERS: dict[str, int] = {
     "reconstruct": 7,
     "invert": 7,
     "infer_property": 7,
+    "lm": 7,
+    "lm_extract": 7,
+    "lm_exposure": 7,
+    "lm_membership": 7,
     "byo": 8,
     # 9: the command line; 10: `python -m privacylab`
     "cli": 9,
@@ -62,6 +66,9 @@ errors <- registry, stats <- accounting <- mechanisms/data/models/execution <- t
 SAME_LAYER: dict[tuple[str, str], str] = {
     ("experiment", "defend"): "the main job's defence section is the defend job on its targets",
     ("invert", "extract"): "the inversion job loads its target with the extraction job's loader",
+    ("lm_extract", "lm"): "LM attack jobs load model and corpus with the LM job's loader",
+    ("lm_exposure", "lm"): "LM attack jobs load model and corpus with the LM job's loader",
+    ("lm_membership", "lm"): "LM attack jobs load model and corpus with the LM job's loader",
 }
 """Same-layer edges that are allowed, with why."""
 

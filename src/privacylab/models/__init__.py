@@ -5,7 +5,7 @@ nn.GroupNorm modules (`PARAMETER_MODULES`); the DP engine's per-layer norm rules
 `build_model` checks it.
 """
 
-from privacylab.models import conv, dense, scattering, transformer  # noqa: F401  (registers)
+from privacylab.models import conv, dense, gpt, scattering, transformer  # noqa: F401  (registers)
 from privacylab.models.errors import ModelError
 from privacylab.models.registry import (
     PARAMETER_MODULES,

@@ -158,7 +158,7 @@ class Target:
             raise AccessError(
                 f"a view may only narrow access: cannot widen {self.access.value} to {access.value}"
             )
-        view = object.__new__(Target)
+        view = object.__new__(type(self))
         view.__dict__.update(self.__dict__)
         view.access = access
         view._parent = self

@@ -1,0 +1,196 @@
+"""Statistics of a language model's token log-probabilities: the one place of the formulas that
+rank generated text for extraction and score documents for membership inference.
+
+Every function takes the log-probabilities log f(x_t | x_<t) of the scored tokens of ONE text
+(natural log, a 1-D array, NaN-free) and returns a float. Conventions follow the papers:
+
+- log-perplexity  log P = -(1/n) sum_t log f(x_t | x_<t)   (Carlini et al. 2021, Sec. 2.1)
+- zlib entropy: the length in bits of the text's UTF-8 bytes compressed by zlib (level 9)
+  (Carlini et al. 2021, Sec. 5.2, "Comparing to zlib compression")
+- window: the minimum log-perplexity over sliding windows of w tokens (ibid., w = 50)
+- Min-K% Prob: the mean of the k% lowest token log-probabilities (Shi et al. 2024, "Detecting
+  Pretraining Data from Large Language Models", Eq. 1)
+- Min-K%++: the mean of the k% lowest token scores (log f(x_t|x_<t) - mu_t) / sigma_t, with mu_t
+  and sigma_t the mean and standard deviation of log f(z | x_<t) for z drawn from the model's own
+  next-token distribution (Zhang et al. 2024, "Min-K%++: Improved Baseline for Detecting
+  Pre-Training Data from Large Language Models", Eq. 3-4)
+
+The extraction ranking metrics (`extraction_metrics`) are oriented so that HIGHER means more
+likely memorised, as are membership scores (`membership_scores`): higher means more likely a
+training member.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from privacylab.stats._checks import StatisticsError
+
+__all__ = [
+    "EXTRACTION_METRICS",
+    "MEMBERSHIP_SCORES",
+    "distribution_moments",
+    "extraction_metrics",
+    "log_perplexity",
+    "membership_scores",
+    "min_k_percent",
+    "min_k_plus_plus",
+    "window_log_perplexity",
+    "zlib_entropy",
+]
+
+EXTRACTION_METRICS = ("perplexity", "small", "medium", "zlib", "lowercase", "window")
+"""Carlini et al. 2021, Table 2's six membership-inference metrics, in its order: perplexity;
+the ratio to a smaller ("small") and a mid-sized ("medium") reference model; zlib; the
+lowercased text; the minimum over a sliding window."""
+
+MEMBERSHIP_SCORES = ("loss", "zlib", "reference", "lowercase", "min-k", "min-k++")
+"""The LM membership-inference scores (as in mimir, Duan et al. 2024): loss (Yeom et al. 2018),
+zlib and lowercase (Carlini et al. 2021), reference-model ratio (Carlini et al. 2021; Mireshghallah
+et al. 2022), Min-K% (Shi et al. 2024), Min-K%++ (Zhang et al. 2024)."""
+
+
+def _log_probs(log_probs: np.ndarray) -> np.ndarray:
+    values = np.asarray(log_probs, dtype=np.float64).reshape(-1)
+    if values.size == 0:
+        raise StatisticsError("a text needs at least one scored token")
+    if not np.isfinite(values).all():
+        raise StatisticsError("token log-probabilities must be finite (drop padding first)")
+    return values
+
+
+def _fraction(k: float) -> float:
+    if not (isinstance(k, int | float) and 0.0 < float(k) <= 1.0):
+        raise StatisticsError(f"k must be a fraction in (0, 1], got {k!r}")
+    return float(k)
+
+
+def log_perplexity(log_probs: np.ndarray) -> float:
+    """-(1/n) sum_t log f(x_t | x_<t): the log of the perplexity (Carlini et al. 2021, Sec. 2.1)."""
+    return float(-_log_probs(log_probs).mean())
+
+
+def zlib_entropy(text: str) -> float:
+    """Bits of `text`'s UTF-8 bytes compressed by zlib at level 9 (Carlini et al. 2021, Sec.
+    5.2); LM_Memorization uses the byte count, 8 times smaller, which ranks identically."""
+    return 8.0 * len(zlib.compress(text.encode("utf-8"), 9))
+
+
+def window_log_perplexity(log_probs: np.ndarray, window: int = 50) -> float:
+    """The minimum log-perplexity over all windows of `window` consecutive tokens (the whole text
+    when shorter): Carlini et al. 2021, Sec. 5.2, "Perplexity on a sliding window"."""
+    values = _log_probs(log_probs)
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise StatisticsError(f"window must be a whole number >= 1, got {window!r}")
+    if values.size <= window:
+        return float(-values.mean())
+    sums = np.convolve(values, np.ones(window), mode="valid")
+    return float(-sums.max() / window)
+
+
+def min_k_percent(log_probs: np.ndarray, k: float = 0.2) -> float:
+    """Min-K% Prob (Shi et al. 2024, Eq. 1): the mean log-probability of the ceil(k n) least
+    likely tokens; higher means more likely a member."""
+    values = np.sort(_log_probs(log_probs))
+    count = max(1, math.ceil(_fraction(k) * values.size))
+    return float(values[:count].mean())
+
+
+def distribution_moments(log_dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """mu_t = E_{z~p_t}[log p_t(z)] and sigma_t = sqrt(E[log p_t(z)^2] - mu_t^2) of next-token
+    log-distributions `log_dist` (..., vocab): Zhang et al. 2024, Eq. 3 (computed exactly over
+    the vocabulary)."""
+    log_dist = np.asarray(log_dist, dtype=np.float64)
+    probs = np.exp(log_dist)
+    finite = np.where(np.isfinite(log_dist), log_dist, 0.0)
+    mu = (probs * finite).sum(-1)
+    second = (probs * finite**2).sum(-1)
+    return mu, np.sqrt(np.maximum(second - mu**2, 0.0))
+
+
+def min_k_plus_plus(
+    log_probs: np.ndarray, mu: np.ndarray, sigma: np.ndarray, k: float = 0.2
+) -> float:
+    """Min-K%++ (Zhang et al. 2024, Eq. 4): the mean over the ceil(k n) lowest of
+    (log p(x_t|x_<t) - mu_t) / sigma_t; higher means more likely a member."""
+    values = _log_probs(log_probs)
+    mu = np.asarray(mu, dtype=np.float64).reshape(-1)
+    sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
+    if mu.shape != values.shape or sigma.shape != values.shape:
+        raise StatisticsError("mu and sigma need one value per scored token")
+    z = np.sort((values - mu) / np.maximum(sigma, 1e-12))
+    count = max(1, math.ceil(_fraction(k) * z.size))
+    return float(z[:count].mean())
+
+
+def extraction_metrics(
+    text: str,
+    log_probs: np.ndarray,
+    *,
+    lowercase_log_probs: np.ndarray | None = None,
+    small_log_probs: np.ndarray | None = None,
+    medium_log_probs: np.ndarray | None = None,
+    window: int = 50,
+) -> dict[str, float]:
+    """Carlini et al. 2021's ranking metrics of one generated `text` (Sec. 5.2), higher = more
+    likely memorised; a metric whose input is not given is left out.
+
+    - perplexity: -log P (low perplexity first)
+    - small / medium: log P_ref / log P, the reference model's log-perplexity over the target's
+    - zlib: zlib entropy / log P
+    - lowercase: log P(lowercased text) / log P
+    - window: -(minimum log-perplexity over `window`-token windows)
+
+    A ratio whose denominator log P is <= 0 (perplexity below 1, impossible for a proper
+    distribution over >= 1 token except at probability 1) is +inf.
+    """
+    log_p = log_perplexity(log_probs)
+
+    def ratio(numerator: float) -> float:
+        return numerator / log_p if log_p > 0 else math.inf
+
+    out = {"perplexity": -log_p}
+    if small_log_probs is not None:
+        out["small"] = ratio(log_perplexity(small_log_probs))
+    if medium_log_probs is not None:
+        out["medium"] = ratio(log_perplexity(medium_log_probs))
+    out["zlib"] = ratio(zlib_entropy(text))
+    if lowercase_log_probs is not None:
+        out["lowercase"] = ratio(log_perplexity(lowercase_log_probs))
+    out["window"] = -window_log_perplexity(log_probs, window)
+    return out
+
+
+def membership_scores(
+    text: str,
+    log_probs: np.ndarray,
+    *,
+    reference_log_probs: np.ndarray | None = None,
+    lowercase_log_probs: np.ndarray | None = None,
+    mu: np.ndarray | None = None,
+    sigma: np.ndarray | None = None,
+    k: float = 0.2,
+) -> dict[str, float]:
+    """The LM membership scores of one document (`MEMBERSHIP_SCORES`), higher = more likely a
+    member; a score whose input is not given is left out.
+
+    - loss: -log P (Yeom et al. 2018's loss attack)
+    - zlib: -log P / zlib entropy (Carlini et al. 2021's zlib ratio; mimir's zlib attack)
+    - reference: log P_ref - log P (calibration by a reference model: Carlini et al. 2021's
+      "small" metric in difference form, Mireshghallah et al. 2022's likelihood ratio)
+    - lowercase: log P(lowercased) / log P (Carlini et al. 2021)
+    - min-k: Min-K% Prob; min-k++: Min-K%++ (needs mu and sigma)
+    """
+    log_p = log_perplexity(log_probs)
+    out = {"loss": -log_p, "zlib": -log_p / zlib_entropy(text)}
+    if reference_log_probs is not None:
+        out["reference"] = log_perplexity(reference_log_probs) - log_p
+    if lowercase_log_probs is not None:
+        out["lowercase"] = log_perplexity(lowercase_log_probs) / log_p if log_p > 0 else math.inf
+    out["min-k"] = min_k_percent(log_probs, k)
+    if mu is not None and sigma is not None:
+        out["min-k++"] = min_k_plus_plus(log_probs, mu, sigma, k)
+    return out
