@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -42,10 +43,12 @@ __all__ = [
     "zlib_entropy",
 ]
 
-EXTRACTION_METRICS = ("perplexity", "small", "medium", "zlib", "lowercase", "window")
-"""Carlini et al. 2021, Table 2's six membership-inference metrics, in its order: perplexity;
-the ratio to a smaller ("small") and a mid-sized ("medium") reference model; zlib; the
-lowercased text; the minimum over a sliding window."""
+EXTRACTION_METRICS = ("perplexity", "small", "tiny", "zlib", "lowercase", "window")
+"""Carlini et al. 2021, Table 2's six membership-inference metrics as privacylab runs them on its
+"medium" target: perplexity; the ratio to a reference model one size down ("small", the role of
+the paper's GPT-2 Medium beside XL) and two sizes down ("tiny", the paper's GPT-2 Small); zlib;
+the lowercased text; the minimum over a sliding window. A reference ratio is named after the
+reference model (`extraction_metrics(references=...)`)."""
 
 MEMBERSHIP_SCORES = ("loss", "zlib", "reference", "lowercase", "min-k", "min-k++")
 """The LM membership-inference scores (as in mimir, Duan et al. 2024): loss (Yeom et al. 2018),
@@ -131,21 +134,21 @@ def extraction_metrics(
     log_probs: np.ndarray,
     *,
     lowercase_log_probs: np.ndarray | None = None,
-    small_log_probs: np.ndarray | None = None,
-    medium_log_probs: np.ndarray | None = None,
+    references: Mapping[str, np.ndarray] | None = None,
     window: int = 50,
 ) -> dict[str, float]:
     """Carlini et al. 2021's ranking metrics of one generated `text` (Sec. 5.2), higher = more
     likely memorised; a metric whose input is not given is left out.
 
     - perplexity: -log P (low perplexity first)
-    - small / medium: log P_ref / log P, the reference model's log-perplexity over the target's
+    - one per reference model, by its name in `references` (the reference's token
+      log-probabilities of the same text): log P_ref / log P, the reference's log-perplexity
+      over the target's ("Small" and "Medium" in the paper)
     - zlib: zlib entropy / log P
-    - lowercase: log P(lowercased text) / log P
+    - lowercase: log P(lowercased text) / log P, both under the target
     - window: -(minimum log-perplexity over `window`-token windows)
 
-    A ratio whose denominator log P is <= 0 (perplexity below 1, impossible for a proper
-    distribution over >= 1 token except at probability 1) is +inf.
+    A ratio whose denominator log P is <= 0 (the target gives the text probability 1) is +inf.
     """
     log_p = log_perplexity(log_probs)
 
@@ -153,10 +156,10 @@ def extraction_metrics(
         return numerator / log_p if log_p > 0 else math.inf
 
     out = {"perplexity": -log_p}
-    if small_log_probs is not None:
-        out["small"] = ratio(log_perplexity(small_log_probs))
-    if medium_log_probs is not None:
-        out["medium"] = ratio(log_perplexity(medium_log_probs))
+    for name, reference in (references or {}).items():
+        if name in ("perplexity", "zlib", "lowercase", "window"):
+            raise StatisticsError(f"a reference model may not be named {name!r}")
+        out[name] = ratio(log_perplexity(reference))
     out["zlib"] = ratio(zlib_entropy(text))
     if lowercase_log_probs is not None:
         out["lowercase"] = ratio(log_perplexity(lowercase_log_probs))
