@@ -1,0 +1,273 @@
+"""Sampling text from a language target: the generation step of training-data extraction.
+
+Carlini et al. 2021 ("Extracting Training Data from Large Language Models", Sec. 5.1) draw
+many samples from the model and keep those a membership metric ranks highest. They improve on
+plain top-n sampling (Sec. 4.1, n = 40) in two ways, and all three are `STRATEGIES` here:
+
+- "top-n": start from the start-of-document token and, at every step, keep the n most likely
+  next tokens, renormalise their probabilities and sample one (Sec. 4.1);
+- "temperature": sample the full next-token distribution softmax(z / t) with a temperature
+  decaying from t = 10 to t = 1 over the first 20 generated tokens, then t = 1 (Sec. 5.1.1):
+  the high early temperature explores diverse beginnings, the low later one lets the model
+  continue what it has memorised. Given log-probabilities log p = z - logsumexp(z),
+  softmax(log p / t) equals softmax(z / t), so the served distribution is enough;
+- "prefix": condition on short snippets of public text (Sec. 5.1.2, "Conditioning on Internet
+  text"): each sample starts from BOS + the first p bytes (p uniform in `prefix_tokens`) of a
+  random public document, then top-n sampling.
+
+Every generation is one query of the target per sample (`LanguageTarget.sample`). Batches are
+seeded from (seed, batch index) and written to a `ResultStore` as each finishes, so a killed run
+resumes where it stopped and the result equals an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from privacylab.attacks.language.base import LanguageError, number_option, whole_option
+from privacylab.data.tokenizer import BOS, EOS
+from privacylab.execution.store import ResultStore, config_key
+from privacylab.target.language import Chooser, LanguageTarget
+
+__all__ = [
+    "STRATEGIES",
+    "Sample",
+    "Sampling",
+    "chooser",
+    "generate_samples",
+    "generation_namespace",
+    "temperature_at",
+]
+
+STRATEGIES = ("top-n", "temperature", "prefix")
+
+Progress = Callable[[str, float, float], None]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How samples are drawn (Carlini et al. 2021, Sec. 4.1 and 5.1). `length` counts the tokens
+    generated after the prefix (the target stops earlier at its context or at EOS); `top_n` is
+    the n of top-n sampling ("top-n" and "prefix"); the temperature decays linearly from
+    `temperature_start` to `temperature_end` over the first `decay_tokens` generated tokens
+    ("temperature"); `prefix_tokens` is the inclusive range of public-text prefix lengths in
+    bytes ("prefix")."""
+
+    strategy: str = "top-n"
+    length: int = 127
+    top_n: int = 40
+    temperature_start: float = 10.0
+    temperature_end: float = 1.0
+    decay_tokens: int = 20
+    prefix_tokens: tuple[int, int] = (5, 10)
+
+    def validate(self) -> Sampling:
+        """This configuration, checked: a one-line LanguageError names the first bad field."""
+        if self.strategy not in STRATEGIES:
+            raise LanguageError(
+                f"unknown sampling strategy {self.strategy!r}; choose one of "
+                f"{', '.join(STRATEGIES)}"
+            )
+        whole_option("sampling", "length", self.length)
+        whole_option("sampling", "top_n", self.top_n)
+        number_option("sampling", "temperature_start", self.temperature_start)
+        number_option("sampling", "temperature_end", self.temperature_end)
+        whole_option("sampling", "decay_tokens", self.decay_tokens, low=0)
+        bounds = self.prefix_tokens
+        if not isinstance(bounds, tuple | list) or len(bounds) != 2:
+            raise LanguageError(
+                f"sampling: prefix_tokens must be a (low, high) pair, got {bounds!r}"
+            )
+        low = whole_option("sampling", "prefix_tokens low", bounds[0])
+        high = whole_option("sampling", "prefix_tokens high", bounds[1])
+        if high < low:
+            raise LanguageError(f"sampling: prefix_tokens {low}..{high} is an empty range")
+        return self
+
+
+def temperature_at(step: int, sampling: Sampling) -> float:
+    """The temperature of generation step `step` (0 = the first generated token): linear from
+    `temperature_start` at step 0 to `temperature_end` at step `decay_tokens`, then constant
+    (Carlini et al. 2021, Sec. 5.1.1: 10 -> 1 over the first 20 tokens)."""
+    if step >= sampling.decay_tokens:
+        return float(sampling.temperature_end)
+    fraction = max(step, 0) / sampling.decay_tokens
+    start, end = float(sampling.temperature_start), float(sampling.temperature_end)
+    return start + (end - start) * fraction
+
+
+def chooser(sampling: Sampling, generator: torch.Generator) -> Chooser:
+    """The `choose(log_probs, step)` of `sampling.strategy` for `LanguageTarget.sample`, drawing
+    from `generator` (a CPU generator: the target serves log-probabilities on the CPU).
+
+    "top-n" and "prefix": the n most likely tokens of each row, renormalised, sampled once;
+    "temperature": the whole distribution softmax(log p / t(step)), sampled once."""
+    sampling.validate()
+
+    def top_n(log_probs: Tensor, step: int) -> Tensor:
+        n = min(sampling.top_n, int(log_probs.shape[-1]))
+        values, indices = log_probs.float().topk(n, dim=-1)
+        picked = torch.multinomial(values.softmax(-1), 1, generator=generator)
+        return indices.gather(-1, picked).squeeze(-1)
+
+    def temperature(log_probs: Tensor, step: int) -> Tensor:
+        scaled = log_probs.float() / temperature_at(step, sampling)
+        return torch.multinomial(scaled.softmax(-1), 1, generator=generator).squeeze(-1)
+
+    return temperature if sampling.strategy == "temperature" else top_n
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One generated text: `text` is the decoded bytes after BOS up to EOS, the conditioning
+    `prefix` ("" unless the "prefix" strategy) included; `index` is its place among the run's
+    samples."""
+
+    text: str
+    prefix: str
+    strategy: str
+    index: int
+
+
+def _text_digest(texts: Sequence[str]) -> str:
+    digest = hashlib.sha256()
+    for text in texts:
+        encoded = text.encode("utf-8", "surrogatepass")
+        digest.update(len(encoded).to_bytes(8, "little"))
+        digest.update(encoded)
+    return digest.hexdigest()
+
+
+def generation_namespace(
+    sampling: Sampling,
+    count: int,
+    *,
+    seed: int = 0,
+    batch_size: int = 64,
+    public_text: Sequence[str] = (),
+    key: Mapping[str, Any] | None = None,
+) -> str:
+    """The store namespace of one generation run: a config key of the sampling settings, seed,
+    count, batch size, the public text ("prefix" only) and the caller's `key` (e.g. the
+    target's folder), so runs that would produce different samples never share batches."""
+    config: dict[str, Any] = {
+        "sampling": asdict(sampling),
+        "count": int(count),
+        "seed": int(seed),
+        "batch_size": int(batch_size),
+        "public_text": _text_digest(public_text) if sampling.strategy == "prefix" else None,
+        "key": dict(key or {}),
+    }
+    return f"lm-generation/{config_key(config)}"
+
+
+def _batch_seed(seed: int, batch: int) -> int:
+    return int(np.random.SeedSequence([seed, batch]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _decode(target: LanguageTarget, row: Tensor) -> str:
+    ids = row.tolist()[1:]
+    if EOS in ids:
+        ids = ids[: ids.index(EOS)]
+    return target.tokenizer.decode(ids)
+
+
+def _generate_batch(
+    target: LanguageTarget,
+    sampling: Sampling,
+    size: int,
+    prefixes: list[list[int]],
+    seed: int,
+) -> dict[str, list[str]]:
+    """`size` samples of one batch, drawn with a generator seeded by `seed`; `prefixes` holds
+    the public-text byte ids of each sample ("prefix") or is empty."""
+    generator = torch.Generator().manual_seed(seed)
+    choose = chooser(sampling, generator)
+    texts = [""] * size
+    heads = [""] * size
+    groups: dict[int, list[int]] = {}
+    for i in range(size):
+        groups.setdefault(len(prefixes[i]) if prefixes else 0, []).append(i)
+    for width in sorted(groups):
+        rows = groups[width]
+        ids = [[BOS, *(prefixes[i] if prefixes else [])] for i in rows]
+        tokens = torch.tensor(ids, dtype=torch.int64)
+        out = target.sample(tokens, sampling.length, choose)
+        for i, head, row in zip(rows, ids, out, strict=True):
+            texts[i] = _decode(target, row)
+            heads[i] = target.tokenizer.decode(head[1:])
+    return {"texts": texts, "prefixes": heads}
+
+
+def generate_samples(
+    target: LanguageTarget,
+    sampling: Sampling,
+    count: int,
+    *,
+    public_text: Sequence[str] = (),
+    seed: int = 0,
+    batch_size: int = 64,
+    store: ResultStore | None = None,
+    progress: Progress | None = None,
+    key: Mapping[str, Any] | None = None,
+) -> list[Sample]:
+    """`count` samples from `target` by `sampling` (Carlini et al. 2021, Sec. 5.1; module
+    docstring), one query per sample. Batch b (of `batch_size` samples) draws from generators
+    seeded by (seed, b) alone, so the samples do not depend on which batches ran before; each
+    finished batch is put into `store` (namespace `generation_namespace(...)`, extended by
+    `key`) at once, and a re-run with the same store and settings generates only the missing
+    batches and returns the same samples as an uninterrupted run."""
+    sampling = sampling.validate()
+    count = whole_option("generation", "count", count)
+    batch_size = whole_option("generation", "batch_size", batch_size)
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise LanguageError(f"generation: seed must be a whole number >= 0, got {seed!r}")
+    documents: list[list[int]] = []
+    if sampling.strategy == "prefix":
+        documents = [target.tokenizer.encode(t)[: sampling.prefix_tokens[1]] for t in public_text]
+        documents = [d for d in documents if d]
+        if not documents:
+            raise LanguageError(
+                "the prefix strategy needs public text (non-empty documents to take prefixes from)"
+            )
+        if sampling.prefix_tokens[1] + 2 > target.context:
+            raise LanguageError(
+                f"prefix_tokens up to {sampling.prefix_tokens[1]} leave no room to generate in "
+                f"the model's context of {target.context} (BOS + prefix + 1 token)"
+            )
+    namespace = generation_namespace(
+        sampling, count, seed=seed, batch_size=batch_size, public_text=public_text, key=key
+    )
+    batches = math.ceil(count / batch_size)
+    stage = f"sampling ({sampling.strategy})"
+    samples: list[Sample] = []
+    for b in range(batches):
+        size = min(batch_size, count - b * batch_size)
+        found = store.get(namespace, str(b)) if store is not None else None
+        if found is None or len(found.get("texts", ())) != size:
+            prefixes: list[list[int]] = []
+            if documents:
+                rng = np.random.default_rng([seed, b, 1])
+                low, high = sampling.prefix_tokens
+                picks = rng.integers(len(documents), size=size)
+                lengths = rng.integers(low, high + 1, size=size)
+                prefixes = [documents[d][:p] for d, p in zip(picks, lengths, strict=True)]
+            found = _generate_batch(target, sampling, size, prefixes, _batch_seed(seed, b))
+            if store is not None:
+                store.put(namespace, str(b), found)
+        start = b * batch_size
+        samples.extend(
+            Sample(text, prefix, sampling.strategy, start + i)
+            for i, (text, prefix) in enumerate(zip(found["texts"], found["prefixes"], strict=True))
+        )
+        if progress is not None:
+            progress(stage, len(samples), count)
+    return samples
