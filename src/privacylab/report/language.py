@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import ScalarFormatter
 
 from privacylab.errors import PrivacylabError
 from privacylab.report._format import mappings, number
@@ -187,7 +188,14 @@ def exposure_plot(runs: Sequence[Mapping[str, Any]]) -> Figure:
     ax.set_title("Exposure vs insertion count", fontsize=FONT_PT + 1)
     ax.tick_params(labelsize=FONT_PT)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=LEGEND_FONT_PT, loc="upper left", frameon=False)
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.legend(
+        fontsize=LEGEND_FONT_PT,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.14),
+        ncol=2,
+        frameon=False,
+    )
     return fig
 
 
