@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import ScalarFormatter
+from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from privacylab.errors import PrivacylabError
 from privacylab.report._format import mappings, number
@@ -94,7 +94,8 @@ def _mask_number(text: str) -> str:
 def _mask_email(address: str) -> str:
     local, _, domain = address.partition("@")
     labels = domain.split(".")
-    masked = [_mask_plain(label) for label in labels[:-1]] + labels[-1:]
+    tld = labels[-1] if labels[-1].isascii() and labels[-1].isalpha() else _mask_plain(labels[-1])
+    masked = [_mask_plain(label) for label in labels[:-1]] + [tld]
     return _mask_plain(local) + "@" + ".".join(masked)
 
 
@@ -110,9 +111,9 @@ def redact(text: str) -> str:
     possibly grouped by spaces, dots, dashes, slashes or parentheses, like a phone number)
     keeps its last two digits, and its first digit too when it has at least six, but never
     more than half its digits ("(555) 123-1234" -> "(5**) ***-**34", "1987" -> "**87",
-    "42" -> "*2"); an e-mail address keeps its top-level domain ("john@example.org" ->
-    "j***@e******.org"). Punctuation and spacing are kept, so the shape of what was
-    extracted stays visible while the secret does not.
+    "42" -> "*2"); an e-mail address keeps its top-level domain when that is plain letters
+    ("john@example.org" -> "j***@e******.org"). Every other character is kept and the length
+    is unchanged, so the shape of what was extracted stays visible while the secret does not.
     """
     pieces = []
     last = 0
@@ -181,6 +182,9 @@ def exposure_plot(runs: Sequence[Mapping[str, Any]]) -> Figure:
     ax.axhline(RANDOM_EXPOSURE, color="#7f7f7f", linestyle=":", linewidth=1.2,
                label=f"random canary, 1/ln 2 ≈ {RANDOM_EXPOSURE:.2f}")  # fmt: skip
     ax.set_xscale("symlog", linthresh=1.0)
+    counts = sorted({float(x) for run in runs for x in _exposure_points(run)[0]})
+    if 0 < len(counts) <= 12:
+        ax.set_xticks(counts)
     ax.set_xlim(-0.3, largest * 1.3 + 0.5)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("insertion count (member documents holding the canary)", fontsize=FONT_PT)
@@ -189,6 +193,7 @@ def exposure_plot(runs: Sequence[Mapping[str, Any]]) -> Figure:
     ax.tick_params(labelsize=FONT_PT)
     ax.grid(True, alpha=0.3)
     ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.legend(
         fontsize=LEGEND_FONT_PT,
         loc="upper center",
