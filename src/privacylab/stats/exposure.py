@@ -122,7 +122,7 @@ def enumerated_exposure(canary_value: float, all_values: np.ndarray) -> float:
     equal = int(np.count_nonzero(every == value))
     if equal == 0:
         raise StatisticsError(
-            "all_values must hold the canary's own value (enumerate the whole space, canary included)"
+            "all_values must hold the canary's own value (the whole space, canary included)"
         )
     return exposure_from_rank(1.0 + smaller + (equal - 1) / 2.0, every.size)
 
@@ -147,7 +147,8 @@ class SkewNormal:
                 raise StatisticsError(f"the fitted law gives {value!r} no density to extrapolate")
 
             def ratio(u: float) -> float:
-                return math.exp(float(skewnorm.logpdf(x - u, self.a, self.loc, self.scale)) - log_at)
+                log_pdf = float(skewnorm.logpdf(x - u, self.a, self.loc, self.scale))
+                return math.exp(log_pdf - log_at)
 
             mass, _ = integrate.quad(ratio, 0.0, math.inf, limit=200)
             log_cdf = log_at + math.log(mass)
