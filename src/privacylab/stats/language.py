@@ -9,7 +9,8 @@ Every function takes the log-probabilities log f(x_t | x_<t) of the scored token
   (Carlini et al. 2021, Sec. 5.2, "Comparing to zlib compression")
 - window: the minimum log-perplexity over sliding windows of w tokens (ibid., w = 50)
 - Min-K% Prob: the mean of the k% lowest token log-probabilities (Shi et al. 2024, "Detecting
-  Pretraining Data from Large Language Models", Eq. 1)
+  Pretraining Data from Large Language Models", Eq. 1); k% of n tokens is floor(k n), as in the
+  reference code of Shi et al. and Zhang et al. and in mimir, but never fewer than one token
 - Min-K%++: the mean of the k% lowest token scores (log f(x_t|x_<t) - mu_t) / sigma_t, with mu_t
   and sigma_t the mean and standard deviation of log f(z | x_<t) for z drawn from the model's own
   next-token distribution (Zhang et al. 2024, "Min-K%++: Improved Baseline for Detecting
@@ -71,6 +72,12 @@ def _fraction(k: float) -> float:
     return float(k)
 
 
+def _selected(k: float, n: int) -> int:
+    """How many of n tokens "the k% lowest" holds: floor(k n) (with 1e-9 of slack for k n
+    computed in floating point, so 0.3 * 10 is 3), at least 1."""
+    return max(1, math.floor(_fraction(k) * n + 1e-9))
+
+
 def log_perplexity(log_probs: np.ndarray) -> float:
     """-(1/n) sum_t log f(x_t | x_<t): the log of the perplexity (Carlini et al. 2021, Sec. 2.1)."""
     return float(-_log_probs(log_probs).mean())
@@ -95,11 +102,13 @@ def window_log_perplexity(log_probs: np.ndarray, window: int = 50) -> float:
 
 
 def min_k_percent(log_probs: np.ndarray, k: float = 0.2) -> float:
-    """Min-K% Prob (Shi et al. 2024, Eq. 1): the mean log-probability of the ceil(k n) least
-    likely tokens; higher means more likely a member."""
+    """Min-K% Prob (Shi et al. 2024, Eq. 1): the mean log-probability of the `_selected(k, n)`
+    = max(1, floor(k n)) least likely of the n tokens; higher means more likely a member.
+
+    mimir (Duan et al. 2024, `attacks/min_k.py`) returns the negated mean over int(k n) tokens
+    (lower = member; empty and NaN when k n < 1); the ranking is the same otherwise."""
     values = np.sort(_log_probs(log_probs))
-    count = max(1, math.ceil(_fraction(k) * values.size))
-    return float(values[:count].mean())
+    return float(values[: _selected(k, values.size)].mean())
 
 
 def distribution_moments(log_dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -117,16 +126,19 @@ def distribution_moments(log_dist: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def min_k_plus_plus(
     log_probs: np.ndarray, mu: np.ndarray, sigma: np.ndarray, k: float = 0.2
 ) -> float:
-    """Min-K%++ (Zhang et al. 2024, Eq. 4): the mean over the ceil(k n) lowest of
-    (log p(x_t|x_<t) - mu_t) / sigma_t; higher means more likely a member."""
+    """Min-K%++ (Zhang et al. 2024, Eq. 4): the mean over the max(1, floor(k n)) lowest of
+    (log p(x_t|x_<t) - mu_t) / sigma_t (Eq. 3); higher means more likely a member. A position
+    whose next-token distribution is a point mass (sigma_t = 0) divides by 1e-12 instead.
+
+    mimir (`attacks/min_k_plus_plus.py`) computes the same mu and sigma over the whole
+    vocabulary and returns the negated mean over int(k n) tokens (lower = member)."""
     values = _log_probs(log_probs)
     mu = np.asarray(mu, dtype=np.float64).reshape(-1)
     sigma = np.asarray(sigma, dtype=np.float64).reshape(-1)
     if mu.shape != values.shape or sigma.shape != values.shape:
         raise StatisticsError("mu and sigma need one value per scored token")
     z = np.sort((values - mu) / np.maximum(sigma, 1e-12))
-    count = max(1, math.ceil(_fraction(k) * z.size))
-    return float(z[:count].mean())
+    return float(z[: _selected(k, z.size)].mean())
 
 
 def extraction_metrics(
@@ -186,6 +198,10 @@ def membership_scores(
       "small" metric in difference form, Mireshghallah et al. 2022's likelihood ratio)
     - lowercase: log P(lowercased) / log P (Carlini et al. 2021)
     - min-k: Min-K% Prob; min-k++: Min-K%++ (needs mu and sigma)
+
+    Against mimir (Duan et al. 2024), whose scores are lower = member: loss is mimir's LOSS
+    negated; zlib is mimir's loss / zlib bytes negated and divided by 8 (bits here), the same
+    ranking; reference is mimir's loss - reference loss negated; mimir has no lowercase attack.
     """
     log_p = log_perplexity(log_probs)
     out = {"loss": -log_p, "zlib": -log_p / zlib_entropy(text)}
