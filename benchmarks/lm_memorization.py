@@ -10,7 +10,7 @@ papers'.
 Steps (each one's result is kept under --out and skipped when present, so a killed run
 resumes where it stopped; the generation store keeps samples as they are produced):
 
-1. corpus: `privacylab.data.corpus_build.build_corpus` (the default corpus; --quick: 240
+1. corpus: `privacylab.data.corpus_build.build_corpus` (the default corpus; --quick: 400
    short documents, 3-digit secrets, fewer copies counts).
 2. models (`privacylab.lm.train_language_model`, the `privacylab lm train` job): tiny, small,
    medium non-private; medium (and ``--dp-sizes``) with DP-SGD at ``--epsilon`` (ghost
@@ -70,7 +70,7 @@ def corpus_config(args: argparse.Namespace) -> Any:
 
     if args.quick:
         return CorpusConfig(
-            documents=args.documents or 240,
+            documents=args.documents or 400,
             record_copies=(1, 4, 16, 32),
             records_per_count=2,
             canary_repeats=(0, 1, 8, 32),
@@ -350,7 +350,7 @@ def show(payload: dict[str, Any]) -> None:
             ["total unique"]
             + [f"{ex['total_unique'].get(s)} | {PAPER_TOTAL.get(s)}" for s in strategies]
         )
-        print(table(rows, ["metric"] + strategies))
+        print(table(rows, ["metric", *strategies]))
         print(
             f"extraction begins at {ex.get('extraction_begins_at')} copies; records: "
             + json.dumps(ex.get("records"))

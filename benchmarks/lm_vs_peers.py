@@ -239,53 +239,57 @@ def generated_texts(folder: Path, count: int, seed: int) -> list[str]:
 def ranking_vs_lm_memorization(
     target_dir: Path, reference_dir: Path, count: int, seed: int, top: int
 ) -> dict[str, Any]:
-    from privacylab.lm import language_target
+    """Our attack's ranking step (`attacks.language.extraction.rank_texts`, the metrics of
+    `stats.language.extraction_metrics`, near-duplicate removal off so both sides rank the
+    same distinct texts) against LM_Memorization's formulas on the same token
+    log-probabilities."""
+    from privacylab.lm import language_target, load_language_model
 
+    from privacylab.attacks.language.extraction import rank_texts
     from privacylab.attacks.language.scoring import score_texts
-    from privacylab.stats.language import extraction_metrics
 
     start = time.perf_counter()
     texts = generated_texts(target_dir, count, seed)
     log(f"ranking: {len(texts)} samples generated in {time.perf_counter() - start:.0f}s")
     target = language_target(target_dir, "scores")
-    reference = language_target(reference_dir, "white-box")
-    # a text the byte model cannot take whole (longer than the context after BOS) is cut
+    reference = load_language_model(reference_dir).model
+    ours = rank_texts(target, texts, {"small": reference}, top=top, dedupe=False)
+    distinct = ours.texts
     limit = target.context - 1
-    texts = [t.encode()[:limit].decode("utf-8", "ignore") for t in texts]
-    texts = [t for t in texts if t and t.lower().encode() and len(t.lower().encode()) <= limit]
-    lp = score_texts(target, texts)
-    lower = score_texts(target, [t.lower() for t in texts])
-    ref = score_texts(reference, texts)
-    ours = {m: [] for m in ("perplexity", "small", "lowercase", "zlib")}
-    theirs = {m: [] for m in ours}
-    theirs_cut = {m: [] for m in ours}
-    for text, a, b, c in zip(texts, lp, lower, ref, strict=True):
-        mine = extraction_metrics(
-            text, a.log_probs, lowercase_log_probs=b.log_probs, references={"small": c.log_probs}
+    lowered = [t.lower().encode()[:limit].decode("utf-8", "ignore") or t for t in distinct]
+    lp = score_texts(target, distinct)
+    lower = score_texts(target, lowered)
+    ref = score_texts(language_target(reference_dir, "white-box"), distinct)
+    peer: dict[str, list[float]] = {m: [] for m in ("perplexity", "small", "lowercase", "zlib")}
+    cut: dict[str, list[float]] = {m: [] for m in peer}
+    for text, a, b, c in zip(distinct, lp, lower, ref, strict=True):
+        for m, v in lm_memorization_metrics(text, a.log_probs, c.log_probs, b.log_probs).items():
+            peer[m].append(v)
+        short = min(a.log_probs.size, b.log_probs.size, c.log_probs.size) > 1
+        got = (
+            lm_memorization_metrics(text, a.log_probs[1:], c.log_probs[1:], b.log_probs[1:])
+            if short
+            else lm_memorization_metrics(text, a.log_probs, c.log_probs, b.log_probs)
         )
-        peer = lm_memorization_metrics(text, a.log_probs, c.log_probs, b.log_probs)
-        if min(a.log_probs.size, b.log_probs.size, c.log_probs.size) > 1:
-            cut = lm_memorization_metrics(text, a.log_probs[1:], c.log_probs[1:], b.log_probs[1:])
-        else:
-            cut = peer
-        for m in ours:
-            ours[m].append(mine[m])
-            theirs[m].append(peer[m])
-            theirs_cut[m].append(cut[m])
+        for m, v in got.items():
+            cut[m].append(v)
     metrics = {}
-    for m in ours:
-        metrics[m] = ranking_agreement(np.array(ours[m]), np.array(theirs[m]), top)
-        metrics[m]["first_token_unscored"] = ranking_agreement(
-            np.array(ours[m]), np.array(theirs_cut[m]), top
-        )
+    for m in peer:
+        mine = np.asarray(ours.metrics[m])
+        metrics[m] = ranking_agreement(mine, np.array(peer[m]), top)
+        theirs_top = np.argsort(-np.array(peer[m]), kind="stable")[:top].tolist()
+        metrics[m]["attack_top_equals_peer_top"] = ours.ranking[m] == theirs_top
+        metrics[m]["first_token_unscored"] = ranking_agreement(mine, np.array(cut[m]), top)
         log(
             f"ranking {m}: top-{top} overlap {metrics[m]['top_overlap']:.2f}, tau "
-            f"{metrics[m]['kendall_tau']:.4f}"
+            f"{metrics[m]['kendall_tau']:.4f} (first token unscored: "
+            f"{metrics[m]['first_token_unscored']['kendall_tau']:.4f})"
         )
     return {
         "target": str(target_dir),
         "reference": str(reference_dir),
         "samples": len(texts),
+        "distinct": len(distinct),
         "metrics": metrics,
         "seconds": time.perf_counter() - start,
     }
@@ -337,8 +341,18 @@ def model_folders(args: argparse.Namespace) -> tuple[Path, Path]:
     from privacylab.data.corpus_build import CorpusConfig, build_corpus
 
     root = BENCH_CACHE / ("lm_vs_peers-quick" if args.quick else "lm_vs_peers")
-    documents = 300 if args.quick else 1000
-    corpus = build_corpus(CorpusConfig(documents=documents, secret_length=4, seed=args.seed))
+    if args.quick:
+        config = CorpusConfig(
+            documents=400,
+            record_copies=(1, 4, 16, 32),
+            records_per_count=2,
+            canary_repeats=(0, 1, 8, 32),
+            secret_length=4,
+            seed=args.seed,
+        )
+    else:
+        config = CorpusConfig(secret_length=4, seed=args.seed)
+    corpus = build_corpus(config)
     epochs = 4 if args.quick else None
     train_folder(root / "target", corpus, "tiny", epochs=epochs, seed=args.seed)
     train_folder(root / "reference", corpus, "tiny", epochs=epochs, seed=args.seed + 1)
