@@ -1,0 +1,412 @@
+"""Training causal language models on a `Corpus`, non-privately or with DP-SGD, and loading them
+back as attack targets.
+
+The target models of the language-model family: a byte-level GPT (`privacylab.models.gpt`,
+Radford et al. 2019) trained on the member documents of a `privacylab.data.corpus.Corpus` with
+the project's one trainer (`privacylab.training.train`), Adam, next-token cross-entropy averaged
+over each document's tokens. Private training is DP-SGD (Abadi et al. 2016, Alg. 1) with Poisson
+sampling and ghost clipping (Li et al. 2022, "Large Language Models Can Be Strong Differentially
+Private Learners", Sec. 4): a whole document is the unit of privacy, so one document's gradient
+is clipped and ε bounds what the model reveals about any one document. Li et al.'s recipe
+(Sec. 3: large batches, Adam, a larger learning rate, a small clipping norm, more epochs) sets
+the private defaults.
+
+A trained model is a folder (the "Model folder" contract of the family): `model.safetensors` +
+`model.json` (`privacylab.models.save_model`, spec "gpt", metadata["language"] with size,
+parameter count, context, privacy, epochs, seconds and perplexities) and `corpus.json` (the
+truth: members, planted records and canaries). `load_language_model`, `language_target` and
+`target_facts` read it back for the attack jobs.
+
+Perplexity is per token over documents framed as BOS + text + EOS (every token after BOS is
+predicted): exp of the mean negative log-likelihood of all those tokens (Carlini et al. 2021,
+Sec. 6.1, "perplexity" of a sequence, pooled over documents).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from privacylab.data.corpus import CORPUS_FILE, Corpus, load_corpus
+from privacylab.data.errors import DataError
+from privacylab.data.tokenizer import PAD, VOCAB_SIZE, ByteTokenizer
+from privacylab.errors import PrivacylabError
+from privacylab.models import ModelSpec, load_model, save_model
+from privacylab.models.errors import ModelError
+from privacylab.models.gpt import CausalLM
+from privacylab.target.language import LanguageTarget
+from privacylab.training import PrivacyConfig, TrainConfig, train
+
+__all__ = [
+    "IGNORE",
+    "SIZES",
+    "LMConfig",
+    "LMError",
+    "LoadedLM",
+    "document_perplexity",
+    "language_target",
+    "lm_examples",
+    "load_language_model",
+    "next_token_loss",
+    "target_facts",
+    "train_language_model",
+]
+
+IGNORE = -100
+"""Target id of a position that is not trained on (PAD after EOS): cross-entropy's ignore_index."""
+
+SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"dim": 32, "heads": 2, "blocks": 1},
+    "small": {"dim": 96, "heads": 4, "blocks": 2},
+    "medium": {"dim": 160, "heads": 4, "blocks": 4},
+}
+"""gpt options {dim, heads, blocks} of each named size; with the byte vocabulary (259) and a
+context of 128: tiny ~35k parameters, small ~0.27M, medium ~1.3M."""
+
+EPOCHS: dict[str, int] = {"tiny": 20, "small": 20, "medium": 20}
+"""Non-private default epochs per size (calibrated on a 2-core CPU: see the report of issue 15)."""
+
+DP_EPOCHS: dict[str, int] = {"tiny": 40, "small": 40, "medium": 40}
+"""Private default epochs per size: DP-SGD needs more passes (Li et al. 2022, Sec. 3)."""
+
+LR = 2e-3
+"""Adam's default learning rate, non-private."""
+
+DP_LR = 4e-3
+"""Adam's default learning rate under DP-SGD (Li et al. 2022 use larger rates with DP)."""
+
+BATCH = 64
+DP_BATCH = 256
+"""Default batch sizes (documents): DP-SGD's is large (Li et al. 2022, Sec. 3.1: the signal of the
+mean clipped gradient grows with the batch, the noise does not)."""
+
+DP_CLIP = 0.5
+"""Default clipping norm under DP (Li et al. 2022 use a small one, Sec. 3.1)."""
+
+ACCOUNTANT = "pld"
+
+
+class LMError(PrivacylabError, ValueError):
+    """A bad language-model option or model folder; the message is one line."""
+
+
+@dataclass(frozen=True)
+class LMConfig:
+    """How to train a language model. `epochs`, `lr`, `batch_size` and `max_grad_norm` None take
+    the defaults of the size and of the privacy (non-private or DP, see the module constants);
+    `epsilon` None trains non-privately, else DP-SGD to (`epsilon`, `delta`)."""
+
+    size: str = "small"
+    epochs: int | None = None
+    batch_size: int | None = None
+    lr: float | None = None
+    epsilon: float | None = None
+    delta: float = 1e-5
+    max_grad_norm: float | None = None
+    seed: int = 0
+    device: str = "cpu"
+    options: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def private(self) -> bool:
+        """Whether DP-SGD is used."""
+        return self.epsilon is not None
+
+    def validate(self) -> LMConfig:
+        """Check every option; LMError or TrainingError with one line for the first bad one."""
+        if self.size not in SIZES:
+            raise LMError(f"unknown model size {self.size!r}; choose one of {', '.join(SIZES)}")
+        for key, value in self.options.items():
+            if key not in ("dim", "heads", "blocks"):
+                raise LMError(f"unknown gpt option {key!r}; allowed: dim, heads, blocks")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise LMError(f"gpt option {key} must be a whole number >= 1, got {value!r}")
+        self.train_config().validate()
+        return self
+
+    def gpt_options(self) -> dict[str, int]:
+        """The model's {dim, heads, blocks}: the size's, overridden by `options`."""
+        return {**SIZES[self.size], **self.options}
+
+    def resolved(self) -> LMConfig:
+        """This configuration with every default filled in."""
+        dp = self.private
+        return replace(
+            self,
+            epochs=self.epochs
+            if self.epochs is not None
+            else (DP_EPOCHS if dp else EPOCHS)[self.size],
+            batch_size=self.batch_size
+            if self.batch_size is not None
+            else (DP_BATCH if dp else BATCH),
+            lr=self.lr if self.lr is not None else (DP_LR if dp else LR),
+            max_grad_norm=self.max_grad_norm
+            if self.max_grad_norm is not None
+            else (DP_CLIP if dp else 1.0),
+        )
+
+    def train_config(self) -> TrainConfig:
+        """The trainer's configuration (Adam; DP-SGD with ghost clipping when private)."""
+        if self.size not in SIZES:
+            raise LMError(f"unknown model size {self.size!r}; choose one of {', '.join(SIZES)}")
+        full = self.resolved()
+        privacy = None
+        if self.private:
+            privacy = PrivacyConfig(
+                epsilon=full.epsilon,
+                delta=full.delta,
+                max_grad_norm=full.max_grad_norm,  # type: ignore[arg-type]
+                clipping="ghost",
+                sampling="poisson",
+                accountant=ACCOUNTANT,
+            )
+        return TrainConfig(
+            epochs=full.epochs,  # type: ignore[arg-type]
+            batch_size=full.batch_size,  # type: ignore[arg-type]
+            lr=full.lr,  # type: ignore[arg-type]
+            optimizer="adam",
+            seed=full.seed,
+            device=full.device,
+            privacy=privacy,
+        )
+
+
+@dataclass
+class LoadedLM:
+    """A model folder read back: the model (eval mode), its spec, its metadata and its corpus."""
+
+    model: CausalLM
+    spec: ModelSpec
+    metadata: dict[str, Any]
+    corpus: Corpus
+
+    @property
+    def language(self) -> dict[str, Any]:
+        """metadata["language"]: size, parameters, context, privacy, perplexity..."""
+        return dict(self.metadata.get("language", {}))
+
+    @property
+    def context(self) -> int:
+        """Longest token sequence the model takes."""
+        return int(self.spec.input_shape[0])
+
+
+def lm_examples(corpus: Corpus, indices: Sequence[int] | np.ndarray) -> tuple[Tensor, Tensor]:
+    """Inputs and next-token targets of the documents at `indices`: each document as BOS + UTF-8
+    bytes + EOS right-padded with PAD to `corpus.context` tokens; x = all but the last position,
+    y = all but the first (y[t] follows x[..t]), PAD targets replaced by `IGNORE`. Both
+    (n, context - 1) int64."""
+    rows = ByteTokenizer().batch(corpus.texts(indices), corpus.context)
+    x, y = rows[:, :-1].contiguous(), rows[:, 1:].clone()
+    y[y == PAD] = IGNORE
+    return x, y
+
+
+def next_token_loss(logits: Tensor, y: Tensor) -> Tensor:
+    """Per-document loss, shape (B,): the mean next-token cross-entropy over the positions whose
+    target is not `IGNORE` (a document's own tokens and its EOS)."""
+    tokens = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE, reduction="none"
+    ).reshape(y.shape)
+    counted = (y != IGNORE).sum(dim=1).clamp_min(1)
+    return tokens.sum(dim=1) / counted
+
+
+@torch.no_grad()
+def _token_nll(model: nn.Module, x: Tensor, y: Tensor, chunk: int = 256) -> tuple[float, int]:
+    """Sum of next-token negative log-likelihoods over the non-ignored targets, and their count."""
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    for i in range(0, len(x), chunk):
+        xb, yb = x[i : i + chunk].to(device), y[i : i + chunk].to(device)
+        logits = model(xb)
+        nll = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).double(),
+            yb.reshape(-1),
+            ignore_index=IGNORE,
+            reduction="sum",
+        )
+        total += float(nll)
+        count += int((yb != IGNORE).sum())
+    return total, count
+
+
+def document_perplexity(model: nn.Module, texts: Sequence[str], context: int) -> float:
+    """exp(mean per-token negative log-likelihood) of `texts`, each framed as BOS + text + EOS
+    in `context` tokens, pooled over all predicted tokens (NaN for no texts)."""
+    if not texts:
+        return math.nan
+    rows = ByteTokenizer().batch(list(texts), context)
+    y = rows[:, 1:].clone()
+    y[y == PAD] = IGNORE
+    total, count = _token_nll(model, rows[:, :-1].contiguous(), y)
+    return math.exp(total / count) if count else math.nan
+
+
+def _parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+Progress = Callable[[str, float, float], None]
+
+
+def train_language_model(
+    corpus: Corpus,
+    config: LMConfig,
+    out: str | Path,
+    *,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Train a GPT of `config.size` on `corpus`'s member documents and write the model folder
+    `out` (module docstring); returns its metadata["language"]. The held-out documents are the
+    trainer's evaluation data. The trainer checkpoints after each epoch in `out/checkpoint`: a
+    killed run re-run with the same corpus, configuration and `out` resumes to the same weights
+    (and ε). `progress(stage, done, total)` is called after each epoch."""
+    if not isinstance(corpus, Corpus):
+        raise LMError(f"train_language_model needs a Corpus, got {type(corpus).__name__}")
+    config = config.validate()
+    full = config.resolved()
+    train_config = config.train_config()
+    context = int(corpus.context)
+    if context < 3:
+        raise LMError(f"the corpus context must be at least 3 tokens, got {context}")
+    options = config.gpt_options()
+    if options["dim"] % options["heads"]:
+        raise LMError(f"gpt dim {options['dim']} must be divisible by heads {options['heads']}")
+    spec = ModelSpec("gpt", (context,), VOCAB_SIZE, options)
+    torch.manual_seed(config.seed)
+    model = spec.build(seed=config.seed)
+    members, heldout = corpus.member_indices, corpus.heldout_indices
+    try:
+        x, y = lm_examples(corpus, members)
+        eval_data = lm_examples(corpus, heldout) if len(heldout) else None
+    except DataError as error:
+        raise LMError(str(error)) from None
+    if train_config.privacy is not None and full.batch_size > len(members):  # type: ignore[operator]
+        raise LMError(
+            f"the DP batch size {full.batch_size} exceeds the {len(members)} member documents"
+        )
+    folder = Path(out)
+    stage = f"train {config.size}" + (f" DP eps={config.epsilon:g}" if config.private else "")
+    epochs = int(full.epochs)  # type: ignore[arg-type]
+
+    def report(record: Any) -> None:
+        if progress is not None:
+            progress(stage, float(record.epoch), float(epochs))
+
+    start = time.perf_counter()
+    if progress is not None:
+        progress(stage, 0.0, float(epochs))
+    result = train(
+        model,
+        (x, y),
+        train_config,
+        eval_data=eval_data,
+        checkpoint_dir=folder / "checkpoint",
+        loss_fn=next_token_loss,
+        progress=report,
+    )
+    seconds = time.perf_counter() - start
+    trained = result.model
+    spent = result.privacy
+    language = {
+        "size": config.size,
+        "parameters": _parameters(trained),
+        "context": context,
+        "private": config.private,
+        "epsilon": float(spent.epsilon) if spent is not None else None,
+        "target_epsilon": float(config.epsilon) if config.epsilon is not None else None,
+        "delta": float(spent.delta) if spent is not None else None,
+        "accountant": spent.accountant if spent is not None else None,
+        "noise_multiplier": float(spent.noise_multiplier) if spent is not None else None,
+        "sample_rate": float(spent.sample_rate) if spent is not None else None,
+        "steps": int(spent.steps) if spent is not None else None,
+        "max_grad_norm": float(full.max_grad_norm) if config.private else None,  # type: ignore[arg-type]
+        "epochs": epochs,
+        "batch_size": int(full.batch_size),  # type: ignore[arg-type]
+        "lr": float(full.lr),  # type: ignore[arg-type]
+        "seed": config.seed,
+        "seconds": seconds,
+        "perplexity": {
+            "members": document_perplexity(trained, corpus.texts(members), context),
+            "heldout": document_perplexity(trained, corpus.texts(heldout), context),
+        },
+        "documents": {"members": len(members), "heldout": len(heldout)},
+        "history": [
+            {"epoch": r.epoch, "train_loss": r.train_loss, "eval_loss": r.eval_loss}
+            for r in result.history
+        ],
+    }
+    corpus.save(folder)
+    save_model(trained.cpu(), folder, spec, metadata={"language": language})
+    return language
+
+
+def load_language_model(folder: str | Path, *, device: str = "cpu") -> LoadedLM:
+    """The model folder written by `train_language_model` (or `privacylab lm train`); LMError
+    with one line when it is not one."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise LMError(f"no language-model folder at {path}")
+    try:
+        model, spec, metadata = load_model(path, device=device)
+    except ModelError as error:
+        raise LMError(str(error)) from None
+    if spec.name != "gpt" or not isinstance(model, CausalLM):
+        raise LMError(f"{path} holds a {spec.name!r} model, not a language model (gpt)")
+    if not (path / CORPUS_FILE).is_file():
+        raise LMError(f"{path} has no {CORPUS_FILE}: not a language-model folder")
+    try:
+        corpus = load_corpus(path)
+    except DataError as error:
+        raise LMError(str(error)) from None
+    return LoadedLM(model=model, spec=spec, metadata=dict(metadata), corpus=corpus)
+
+
+def language_target(
+    folder: str | Path,
+    access: str = "scores",
+    *,
+    device: str = "cpu",
+    query_budget: int | None = None,
+) -> LanguageTarget:
+    """The model of `folder` behind the threat model: a `LanguageTarget` with `access` (scores:
+    black-box probabilities, Carlini et al. 2021, Sec. 3.1), counting every query."""
+    loaded = load_language_model(folder, device=device)
+    return LanguageTarget(
+        loaded.model,
+        access,
+        VOCAB_SIZE,
+        context=loaded.context,
+        query_budget=query_budget,
+        device=device,
+    )
+
+
+def target_facts(folder: str | Path) -> dict[str, Any]:
+    """What a report says about the target model of `folder`: {"folder", "size", "parameters",
+    "private", "epsilon", "perplexity"} (plus delta, accountant, epochs, context)."""
+    loaded = load_language_model(folder)
+    language = loaded.language
+    return {
+        "folder": str(Path(folder)),
+        "size": language.get("size"),
+        "parameters": language.get("parameters", _parameters(loaded.model)),
+        "private": bool(language.get("private", False)),
+        "epsilon": language.get("epsilon"),
+        "delta": language.get("delta"),
+        "accountant": language.get("accountant"),
+        "epochs": language.get("epochs"),
+        "context": language.get("context", loaded.context),
+        "perplexity": language.get("perplexity"),
+    }
