@@ -88,7 +88,10 @@ class LanguageTarget(Target):
         return self._served[0]
 
     def _tokens(self, tokens: Tensor | np.ndarray, what: str) -> Tensor:
-        tokens = torch.as_tensor(tokens)
+        try:
+            tokens = torch.as_tensor(tokens)
+        except (TypeError, ValueError, RuntimeError):
+            raise TargetError(f"{what} must be integer token ids of shape (n, L)") from None
         if tokens.ndim != 2 or tokens.dtype not in (torch.int64, torch.int32):
             raise TargetError(f"{what} must be integer token ids of shape (n, L)")
         if tokens.shape[1] > self.context:
@@ -173,11 +176,12 @@ class LanguageTarget(Target):
         tokens = self._tokens(prefixes, "prefixes")
         if tokens.shape[1] < 1:
             raise TargetError("generation needs a prefix of at least one token (e.g. BOS)")
-        if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        whole = isinstance(new_tokens, int | np.integer) and not isinstance(new_tokens, bool)
+        if not whole or new_tokens < 1:
             raise TargetError(f"new_tokens must be a whole number >= 1, got {new_tokens!r}")
         if bool((tokens == PAD).any()):
             raise TargetError("prefixes may not hold PAD: group prefixes of equal length")
-        steps = min(new_tokens, self.context - int(tokens.shape[1]))
+        steps = min(int(new_tokens), self.context - int(tokens.shape[1]))
         self._count(tokens)
         rows = []
         for i in range(0, int(tokens.shape[0]), self.batch_size):
@@ -207,6 +211,12 @@ class LanguageTarget(Target):
                 raise TargetError(
                     f"the token chooser returned shape {tuple(chosen.shape)}, "
                     f"expected ({seq.shape[0]},)"
+                )
+            if chosen.dtype.is_floating_point or chosen.dtype == torch.bool:
+                raise TargetError(f"the token chooser returned {chosen.dtype}, not token ids")
+            if chosen.numel() and (int(chosen.min()) < 0 or int(chosen.max()) >= self.vocab_size):
+                raise TargetError(
+                    f"the token chooser returned ids outside the vocabulary [0, {self.vocab_size})"
                 )
             chosen = chosen.to(torch.int64).masked_fill(done, PAD)
             seq = torch.cat([seq, chosen[:, None]], 1)
