@@ -67,7 +67,8 @@ def _log_probs(log_probs: np.ndarray) -> np.ndarray:
 
 
 def _fraction(k: float) -> float:
-    if not (isinstance(k, int | float) and 0.0 < float(k) <= 1.0):
+    real = isinstance(k, int | float | np.integer | np.floating) and not isinstance(k, bool)
+    if not (real and 0.0 < float(k) <= 1.0):
         raise StatisticsError(f"k must be a fraction in (0, 1], got {k!r}")
     return float(k)
 

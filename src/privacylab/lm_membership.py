@@ -1,0 +1,194 @@
+"""The LM membership-inference job: every membership attack of `privacylab.attacks.language`
+on one trained language model (a model folder of `privacylab lm train`), measured on the one
+metrics path (`privacylab.report.metrics.membership_metrics`).
+
+Candidates (Duan et al. 2024, "Do Membership Inference Attacks Work on Large Language Models?",
+Sec. 3): members are training documents WITHOUT planted strings (records and canaries, whose
+repetition would make membership trivially visible and belongs to extraction and exposure),
+non-members are held-out documents of the same distribution; a seeded, balanced sample of up
+to `documents` of each. The attacker sees the texts only; the truth is attached after scoring.
+
+The run is `schemas.md`'s "membership run": target facts, reference facts, document counts,
+per attack its `MembershipMetrics` with a ROC curve of at most `ROC_POINTS` points, the attack
+names by AUC (best first), the queries sent to the target and the seconds taken.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import nn
+
+from privacylab.attacks.language import LanguageError, language_names, make_language
+from privacylab.attacks.language.membership import LMMembershipTask, run_lm_membership
+from privacylab.data.corpus import Corpus
+from privacylab.report.metrics import membership_metrics
+from privacylab.stats.roc import roc_curve
+from privacylab.target.language import LanguageTarget
+
+__all__ = [
+    "DEFAULT_ATTACKS",
+    "ROC_POINTS",
+    "choose_attacks",
+    "membership_documents",
+    "membership_run",
+    "roc_points",
+    "run_lm_membership_job",
+]
+
+DEFAULT_ATTACKS = ("loss", "zlib", "reference", "lowercase", "min-k", "min-k++")
+"""Every LM membership attack, in the order of Duan et al. 2024's tables."""
+
+ROC_POINTS = 200
+"""The most ROC points kept per attack in a run (the report draws them)."""
+
+Progress = Callable[[str, float, float], None]
+
+
+def choose_attacks(attacks: Sequence[str] | str, *, reference: bool) -> list[str]:
+    """The registered membership attacks named in `attacks` (a list or "a,b"), by their
+    registered names, in order, without repeats. LanguageError naming the choices for an
+    unknown name; "reference" without a reference model is an error unless `attacks` is the
+    default set, which then drops it."""
+    names = [a.strip() for a in attacks.split(",")] if isinstance(attacks, str) else list(attacks)
+    names = [n for n in names if n]
+    if not names:
+        raise LanguageError(
+            f"no membership attack named; choose from {', '.join(language_names('membership'))}"
+        )
+    default = tuple(names) == DEFAULT_ATTACKS
+    chosen: list[str] = []
+    for name in names:
+        registered = make_language(name, "membership").name
+        if registered == "reference" and not reference:
+            if default:
+                continue
+            raise LanguageError("the reference attack needs a reference model (--reference DIR)")
+        if registered not in chosen:
+            chosen.append(registered)
+    return chosen
+
+
+def _planted(corpus: Corpus) -> set[int]:
+    return {int(d) for p in [*corpus.records, *corpus.canaries] for d in p.documents}
+
+
+def membership_documents(
+    corpus: Corpus, documents: int = 500, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(member indices, held-out indices), sorted: a seeded sample of min(`documents`,
+    clean members, clean held-out) of each, where clean means holding no planted record or
+    canary."""
+    if isinstance(documents, bool) or not isinstance(documents, int) or documents < 1:
+        raise LanguageError(f"documents must be a whole number >= 1, got {documents!r}")
+    planted = _planted(corpus)
+    members = np.asarray([i for i in corpus.member_indices if int(i) not in planted], dtype=int)
+    heldout = np.asarray([i for i in corpus.heldout_indices if int(i) not in planted], dtype=int)
+    count = min(documents, members.size, heldout.size)
+    if count == 0:
+        raise LanguageError(
+            f"the corpus has {members.size} member documents without planted strings and "
+            f"{heldout.size} held-out documents: membership inference needs both"
+        )
+    rng = np.random.default_rng(seed)
+    return (
+        np.sort(rng.choice(members, count, replace=False)),
+        np.sort(rng.choice(heldout, count, replace=False)),
+    )
+
+
+def roc_points(scores: np.ndarray, membership: np.ndarray, most: int = ROC_POINTS) -> dict:
+    """The ROC curve of `scores` (`privacylab.stats.roc.roc_curve`) thinned to at most `most`
+    points evenly spaced along the curve, its first (0, 0) and last (1, 1) kept."""
+    fpr, tpr, _ = roc_curve(scores, membership)
+    if fpr.size > most:
+        keep = np.unique(np.round(np.linspace(0, fpr.size - 1, most)).astype(int))
+        fpr, tpr = fpr[keep], tpr[keep]
+    return {"fpr": [float(x) for x in fpr], "tpr": [float(x) for x in tpr]}
+
+
+def membership_run(
+    target: LanguageTarget,
+    corpus: Corpus,
+    *,
+    facts: dict[str, Any],
+    reference: nn.Module | None = None,
+    reference_facts: dict[str, Any] | None = None,
+    attacks: Sequence[str] | str = DEFAULT_ATTACKS,
+    documents: int = 500,
+    seed: int = 0,
+    batch_size: int = 64,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """The membership run of `attacks` on `target`, trained on `corpus` (module docstring);
+    `facts` describe the target (`privacylab.lm.target_facts`), `reference_facts` the
+    reference model."""
+    start = time.perf_counter()
+    names = choose_attacks(attacks, reference=reference is not None)
+    members, heldout = membership_documents(corpus, documents, seed)
+    order = np.concatenate([members, heldout])
+    truth = np.r_[np.ones(members.size, int), np.zeros(heldout.size, int)]
+    task = LMMembershipTask(corpus.texts(order), reference)
+    before = target.queries
+    rows = []
+    for i, name in enumerate(names):
+        if progress is not None:
+            progress(f"membership: attack {name}", i, len(names))
+        attack = make_language(name, "membership", batch_size=batch_size)
+        result = run_lm_membership(attack, target, task, truth)
+        row = {"name": name, **membership_metrics(result).to_dict()}
+        row["params"] = result.params
+        row["roc"] = roc_points(result.scores, result.membership)
+        rows.append(row)
+    if progress is not None:
+        progress("membership", len(names), len(names))
+    ranked = sorted(rows, key=lambda r: -(r["auc"] if r["auc"] is not None else -1.0))
+    return {
+        "target": facts,
+        "reference": reference_facts if reference is not None else None,
+        "documents": {"members": int(members.size), "heldout": int(heldout.size)},
+        "attacks": rows,
+        "order": [r["name"] for r in ranked],
+        "queries": int(target.queries - before),
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def run_lm_membership_job(
+    target_dir: str | Path,
+    *,
+    reference: str | Path | None = None,
+    attacks: Sequence[str] | str = DEFAULT_ATTACKS,
+    documents: int = 500,
+    seed: int = 0,
+    device: str = "cpu",
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """`membership_run` on the model folder `target_dir` (written by `privacylab lm train`),
+    with the model folder `reference` as the attacker's reference model: the schemas.md
+    membership run. Attack names are checked before any model is loaded."""
+    choose_attacks(attacks, reference=reference is not None)
+    from privacylab.lm import language_target, load_language_model, target_facts
+
+    loaded = load_language_model(target_dir)
+    target = language_target(target_dir, "scores", device=device)
+    reference_model = None
+    reference_facts = None
+    if reference is not None:
+        reference_model = load_language_model(reference).model
+        reference_facts = target_facts(reference)
+    return membership_run(
+        target,
+        loaded.corpus,
+        facts=target_facts(target_dir),
+        reference=reference_model,
+        reference_facts=reference_facts,
+        attacks=attacks,
+        documents=documents,
+        seed=seed,
+        progress=progress,
+    )
