@@ -359,7 +359,7 @@ class _People:
         while not address or len(address) > _ADDRESS_LIMIT:
             address = (
                 f"{fake.building_number()} {fake.street_name()}, {fake.city()}, "
-                f"{fake.state_abbr(include_territories=False)} {fake.zipcode()}"
+                f"{fake.state_abbr(False, False)} {fake.zipcode()}"
             )
         return {
             "name": f"{first} {last}",
@@ -378,9 +378,14 @@ def _record_people(
     limit = budget - min(_HOST_ROOM, budget // 4)
     for layout, names in _RECORD_FORMATS:
         people = _People(seed)
-        chosen = [people.record_fields(layout, limit) for _ in range(count)]
-        if all(p is not None for p in chosen):
-            return people, [p for p in chosen if p is not None], layout, names
+        chosen: list[dict[str, str]] = []
+        while len(chosen) < count:
+            person = people.record_fields(layout, limit)
+            if person is None:
+                break
+            chosen.append(person)
+        else:
+            return people, chosen, layout, names
     raise DataError(
         f"records do not fit a context of {budget + MARKERS} tokens (even a record as "
         f"'Ann: (201) 555-0100' needs more); use a longer context or records_per_count 0"
@@ -417,12 +422,15 @@ def build_corpus(
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(5)]
     subset_rng, split_rng, host_rng, side_rng, secret_rng = streams
 
-    user = [(*parse_user_canary(text), text, repeats) for text, repeats in config.user_canaries]
-    for *_, text, _repeats in user:
+    user = []
+    for given, repeats in config.user_canaries:
+        prefix, secret, suffix, alphabet = parse_user_canary(given)
+        text = prefix + secret + suffix
         if _tokens(text) > config.context:
             raise DataError(
                 f"canary {text!r} is {_tokens(text)} tokens; the context holds {config.context}"
             )
+        user.append((prefix, secret, suffix, alphabet, text, repeats))
 
     source = pydoc_texts() if texts is None else list(texts)
     if any(not isinstance(t, str) for t in source):
