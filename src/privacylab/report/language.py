@@ -24,7 +24,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from privacylab.errors import PrivacylabError
-from privacylab.report._format import mappings, number
+from privacylab.report._format import mappings, number, safe_name
 from privacylab.report.html import write_report
 from privacylab.report.jsonable import json_ready
 from privacylab.report.plots import FONT_PT, LEGEND_FONT_PT, _to_png, line_style
@@ -263,23 +263,43 @@ def language_roc_figure(run: Mapping[str, Any]) -> bytes:
     return _to_png(language_roc_plot(run))
 
 
-def language_images(block: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, bytes]]:
+def language_images(
+    block: Mapping[str, Any], current: Collection[str] = ()
+) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The figures of a ``payload["language"]`` block: (names to store under its "images":
-    {"exposure": name|None, "membership": [name, ...]}, {file name: PNG bytes})."""
+    {"exposure": name|None, "membership": [name|None, ...]}, {file name: PNG bytes}).
+    Figures named in `current` are already up to date on disk and are not drawn again."""
     files: dict[str, bytes] = {}
     names: dict[str, Any] = {"exposure": None, "membership": []}
     exposure = mappings(block.get("exposure"))
     if any(len(_exposure_points(run)[0]) for run in exposure):
-        files[EXPOSURE_IMAGE] = exposure_figure(exposure)
         names["exposure"] = EXPOSURE_IMAGE
+        if EXPOSURE_IMAGE not in current:
+            files[EXPOSURE_IMAGE] = exposure_figure(exposure)
     for i, run in enumerate(mappings(block.get("membership"))):
         name = roc_image_name(i)
         if any(_roc_points(a) is not None for a in mappings(run.get("attacks"))):
-            files[name] = language_roc_figure(run)
             names["membership"].append(name)
+            if name not in current:
+                files[name] = language_roc_figure(run)
         else:
             names["membership"].append(None)
     return names, files
+
+
+def _current_images(base: Path, block: Mapping[str, Any], changed: str | None) -> set[str]:
+    """Figure files on disk that the merge leaves as they are: named in the block's images
+    before it, present, and not the figure of the kind and run that changed."""
+    images = block.get("images")
+    images = images if isinstance(images, Mapping) else {}
+    named = [images.get("exposure")]
+    if isinstance(images.get("membership"), list):
+        named += images["membership"]
+    return {
+        n
+        for n in named
+        if isinstance(n, str) and safe_name(n) and n != changed and (base / n).is_file()
+    }
 
 
 def _run_folder(run: Any) -> str:
@@ -341,18 +361,21 @@ def add_language_run(folder: str | os.PathLike[str], kind: str, run: Mapping[str
         payload = _read_payload(base / "results.json")
         block = payload.get("language")
         block = dict(block) if isinstance(block, Mapping) else {}
-        runs = [r for r in block.get(kind) or [] if isinstance(r, Mapping)]
-        for i, old in enumerate(runs):
+        runs = list(mappings(block.get(kind)))
+        for index, old in enumerate(runs):
             target = old.get("target")
             if isinstance(target, Mapping) and str(target.get("folder")) == key:
-                runs[i] = clean
+                runs[index] = clean
                 break
         else:
+            index = len(runs)
             runs.append(clean)
         block[kind] = runs
         for other in KINDS:
-            block.setdefault(other, [])
-        names, files = language_images(block)
+            block[other] = list(mappings(block.get(other)))
+        changed = {"exposure": EXPOSURE_IMAGE, "membership": roc_image_name(index)}.get(kind)
+        current = _current_images(base, block, changed)
+        names, files = language_images(block, current)
         block["images"] = names
         payload["language"] = block
         payload.setdefault("title", "privacylab report: language models")
