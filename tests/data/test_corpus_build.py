@@ -243,7 +243,7 @@ def test_too_few_member_documents() -> None:
 
 
 def test_contexts_too_small() -> None:
-    with pytest.raises(DataError, match=r"the context holds 20"):
+    with pytest.raises(DataError, match=r"is 21 tokens; the context holds 20"):
         build_corpus(CorpusConfig(context=20, records_per_count=0))
     with pytest.raises(DataError, match="records do not fit a context of 24 tokens"):
         build_corpus(CorpusConfig(context=24, canary_repeats=()))
@@ -361,3 +361,14 @@ def test_chunks_of_any_text_fit(text: str, budget: int) -> None:
     assert all(0 < len(c.encode("utf-8")) <= budget for c in chunks)
     assert all(c == c.strip() and "  " not in c for c in chunks)
     assert "".join(chunks).replace(" ", "") == fold_text(text).replace(" ", "")
+
+
+def test_user_canaries_leave_the_rest_unchanged(corpus: Corpus) -> None:
+    plain = build_corpus()
+    assert plain.records == corpus.records
+    assert plain.canaries == corpus.canaries[: len(plain.canaries)]
+    np.testing.assert_array_equal(plain.members, corpus.members)
+    user_hosts = {d for c in corpus.canaries if c.user for d in c.documents}
+    assert [d for i, d in enumerate(plain.documents) if i not in user_hosts] == [
+        d for i, d in enumerate(corpus.documents) if i not in user_hosts
+    ]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 import string
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -154,12 +154,20 @@ class CorpusConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (tuples as lists)."""
-        data = asdict(self)
-        data["record_copies"] = list(self.record_copies)
-        data["canary_repeats"] = list(self.canary_repeats)
-        data["user_canaries"] = [[text, repeats] for text, repeats in self.user_canaries]
-        return data
+        """JSON-ready form (tuples as lists, numbers as Python numbers)."""
+        return {
+            "context": int(self.context),
+            "documents": None if self.documents is None else int(self.documents),
+            "member_fraction": float(self.member_fraction),
+            "record_copies": [int(c) for c in self.record_copies],
+            "records_per_count": int(self.records_per_count),
+            "canary_repeats": [int(r) for r in self.canary_repeats],
+            "canaries_per_repeat": int(self.canaries_per_repeat),
+            "secret_length": int(self.secret_length),
+            "secret_alphabet": self.secret_alphabet,
+            "user_canaries": [[text, int(repeats)] for text, repeats in self.user_canaries],
+            "seed": int(self.seed),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CorpusConfig:
@@ -392,6 +400,33 @@ def _record_people(
     )
 
 
+def _canary_prefix(people: _People, index: int, context: int, secret_length: int) -> str:
+    """A canary prefix naming a new person (first name new too): the `index`-th layout of
+    `_CANARY_FORMATS`, or the short layout with the first name alone when the context is small,
+    such that BOS + prefix + secret + EOS fit `context` tokens."""
+    for _ in range(100):
+        first, last = people.name(new_first=True)
+        for form, name in (
+            (_CANARY_FORMATS[index % len(_CANARY_FORMATS)], f"{first} {last}"),
+            (_SHORT_CANARY_FORMAT, first),
+        ):
+            prefix = form.format(name=name)
+            if _tokens(prefix) + secret_length <= context:
+                return prefix
+    shortest = _SHORT_CANARY_FORMAT.format(name="Ann") + "#" * secret_length
+    raise DataError(
+        f"canary {shortest!r} is {_tokens(shortest)} tokens; the context holds {context}"
+    )
+
+
+def _secrets(rng: np.random.Generator, alphabet: str, length: int, count: int) -> list[str]:
+    """`count` secrets, each `length` characters drawn uniformly and independently from
+    `alphabet` (Carlini et al. 2019, Sec. 3: the secret is a uniform draw from the randomness
+    space)."""
+    draws = rng.integers(0, len(alphabet), size=(count, length))
+    return ["".join(alphabet[int(i)] for i in row) for row in draws]
+
+
 def _plant(host: str, planted: str, budget: int, *, first: bool) -> str:
     room = budget - len(planted.encode("utf-8")) - 1
     kept: list[str] = []
@@ -422,7 +457,7 @@ def build_corpus(
     streams = [np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(5)]
     subset_rng, split_rng, host_rng, side_rng, secret_rng = streams
 
-    user = []
+    user: list[tuple[str, str, str, str, str, int]] = []
     for given, repeats in config.user_canaries:
         prefix, secret, suffix, alphabet = parse_user_canary(given)
         text = prefix + secret + suffix
@@ -457,25 +492,12 @@ def build_corpus(
         people, record_people, layout, field_keys = _record_people(len(copies), config.seed, budget)
     else:
         people, record_people, layout, field_keys = _People(config.seed), [], "", ()
-    canary_texts: list[tuple[str, str]] = []
-    for index, _ in enumerate(repeats):
-        long_prefix = _CANARY_FORMATS[index % len(_CANARY_FORMATS)]
-        first, last = people.name(new_first=True)
-        for form, name in ((long_prefix, f"{first} {last}"), (_SHORT_CANARY_FORMAT, first)):
-            prefix = form.format(name=name)
-            if _tokens(prefix) + config.secret_length <= config.context:
-                break
-        else:
-            raise DataError(
-                f"canary {prefix + '#' * config.secret_length!r} is "
-                f"{_tokens(prefix) + config.secret_length} tokens; the context holds "
-                f"{config.context}"
-            )
-        secret = "".join(
-            config.secret_alphabet[int(i)]
-            for i in secret_rng.integers(0, len(config.secret_alphabet), config.secret_length)
+    canary_texts = [
+        (_canary_prefix(people, index, config.context, config.secret_length), secret)
+        for index, secret in enumerate(
+            _secrets(secret_rng, config.secret_alphabet, config.secret_length, len(repeats))
         )
-        canary_texts.append((prefix, secret))
+    ]
 
     record_texts = [layout.format(**p) for p in record_people]
 
