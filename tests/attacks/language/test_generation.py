@@ -30,7 +30,7 @@ from privacylab.attacks.language.generation import (
 from privacylab.data.tokenizer import BOS, EOS, PAD, VOCAB_SIZE, ByteTokenizer
 from privacylab.execution.store import ResultStore
 from privacylab.models.gpt import CausalLM
-from privacylab.target.access import AccessError
+from privacylab.target.access import AccessError, QueryBudgetError
 from privacylab.target.language import LanguageTarget
 
 SENTENCE = "the quick brown fox jumps over the lazy dog."
@@ -254,7 +254,7 @@ def test_resume_after_a_killed_run(tmp_path: Path, strategy: str) -> None:
         resumed = generate_samples(
             second, sampling, 11, store=store, progress=lambda s, d, t: seen.append(d), **options
         )
-        assert resumed == whole and seen == [3, 6, 9, 11]
+        assert resumed == whole and seen == [0, 3, 6, 9, 11]
         assert second.queries == 5
         third = random_target()
         assert generate_samples(third, sampling, 11, store=store, **options) == whole
@@ -289,6 +289,10 @@ def test_queries_and_access() -> None:
     label_only = random_target().with_access("label")
     with pytest.raises(AccessError, match="scores"):
         generate_samples(label_only, Sampling(), 2)  # type: ignore[arg-type]
+    budget = random_target().with_budget(10)
+    with pytest.raises(QueryBudgetError, match="budget of 10"):
+        generate_samples(budget, Sampling(length=3), 12, batch_size=4)  # type: ignore[arg-type]
+    assert budget.queries == 8
 
 
 @pytest.mark.parametrize(

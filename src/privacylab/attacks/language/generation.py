@@ -225,6 +225,7 @@ def generate_samples(
     finished batch is put into `store` (namespace `generation_namespace(...)`, extended by
     `key`) at once, and a re-run with the same store and settings generates only the missing
     batches and returns the same samples as an uninterrupted run."""
+    target.require("scores")
     sampling = sampling.validate()
     count = whole_option("generation", "count", count)
     batch_size = whole_option("generation", "batch_size", batch_size)
@@ -249,6 +250,8 @@ def generate_samples(
     batches = math.ceil(count / batch_size)
     stage = f"sampling ({sampling.strategy})"
     samples: list[Sample] = []
+    if progress is not None:
+        progress(stage, 0, count)
     for b in range(batches):
         size = min(batch_size, count - b * batch_size)
         found = store.get(namespace, str(b)) if store is not None else None
