@@ -1,1 +1,134 @@
-"""Placeholder: filled in by issue 15's work on the language-model family."""
+"""`privacylab attack exposure`: the exposure of every Secret-Sharer canary planted in a language
+model trained by `privacylab lm train` (Carlini et al. 2019, Sec. 4; job
+`privacylab.lm_exposure`).
+
+--json prints the "exposure run" object: per canary its insertion count (`repeats`), the
+largest exposure log2|R| (`space_bits`), its `rank` and `exposure` and, where the space was
+enumerated, the skew-normal extrapolation of the same canary (`extrapolated_exposure`), plus the
+queries and time. With `--out`, the run joins `results.json` and `index.html` (section
+`#language-models`, exposure against insertion count).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from privacylab.cli._common import (
+    JsonOpt,
+    _device,
+    _emit_json,
+    _guarded,
+    _path_arg,
+    _Stages,
+    _stderr,
+    _whole_in,
+)
+from privacylab.cli._reports import check_paths, print_summary
+from privacylab.cli.attack import attack_app
+from privacylab.errors import PrivacylabError
+
+STORE = "exposure.sqlite"
+"""Default result store, inside the target folder."""
+
+COLUMNS = (
+    ("prefix", "canary prefix"),
+    ("repeats", "repeats"),
+    ("space_bits", "log2|R|"),
+    ("rank", "rank"),
+    ("exposure", "exposure"),
+    ("extrapolated_exposure", "extrapolated"),
+    ("method", "method"),
+)
+
+
+def _rows(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Terminal rows: canaries by insertion count, user canaries last."""
+    return sorted(run["canaries"], key=lambda c: (bool(c["user"]), c["repeats"], c["prefix"]))
+
+
+@attack_app.command("exposure")
+def attack_exposure_command(
+    target: Annotated[
+        Path,
+        typer.Option(
+            "--target", help="Model folder written by `privacylab lm train`.", parser=_path_arg
+        ),
+    ],
+    method: Annotated[
+        str,
+        typer.Option(
+            "--method",
+            help="enumerate (exact rank among all candidates), extrapolate (skew-normal fit "
+            "to sampled candidates) or auto (enumerate up to --enumerate-limit candidates).",
+        ),
+    ] = "auto",
+    samples: Annotated[
+        int,
+        typer.Option("--samples", help="Candidates sampled uniformly for the skew-normal fit."),
+    ] = 5000,
+    enumerate_limit: Annotated[
+        int,
+        typer.Option("--enumerate-limit", help="Largest space that auto enumerates."),
+    ] = 10**6,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled candidates.")] = 0,
+    store: Annotated[
+        Path | None,
+        typer.Option(
+            "--store",
+            help=f"Result store of finished canary formats (default TARGET/{STORE}); a re-run "
+            "resumes from it.",
+            parser=_path_arg,
+        ),
+    ] = None,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Write results.json and index.html here.", parser=_path_arg),
+    ] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Rank each planted canary's secret among all candidate secrets by log-perplexity under
+    the model (Carlini et al. 2019): exposure = log2|R| - log2 rank, by enumeration or by a
+    skew-normal extrapolation. Finished canary formats are stored; a re-run resumes."""
+
+    def run() -> None:
+        from privacylab.attacks.language.exposure import METHODS
+        from privacylab.lm_exposure import run_exposure
+
+        if method not in METHODS:
+            raise PrivacylabError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
+        _whole_in(samples, "--samples", low=3)
+        _whole_in(enumerate_limit, "--enumerate-limit", high=10**9)
+        _whole_in(seed, "--seed", low=0)
+        check_paths(target=target, out=out)
+        if out is not None:
+            from privacylab.report.language import add_language_run
+        with _Stages(_stderr()) as stages:
+            result = run_exposure(
+                target,
+                method=method,
+                samples=samples,
+                enumerate_limit=enumerate_limit,
+                seed=seed,
+                device=_device(device),
+                store=store if store is not None else target / STORE,
+                progress=stages,
+            )
+        if out is not None:
+            add_language_run(out, "exposure", result)
+        if json_output:
+            _emit_json(result)
+            return
+        for note in result["notes"]:
+            _stderr().print(f"note: {note}")
+        heading = (
+            f"exposure of {len(result['canaries'])} canaries ({result['queries']} queries, "
+            f"{result['seconds']:.1f} s; a random canary shows about "
+            f"{result['random_exposure']:.2f} bits)"
+        )
+        print_summary(heading, COLUMNS, _rows(result), out)
+
+    _guarded(run)
