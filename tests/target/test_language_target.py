@@ -92,8 +92,11 @@ def test_access_levels() -> None:
         scores.probabilities(x)
     with pytest.raises(AccessError, match="classifiers"):
         scores.with_output_defense(lambda p: p, "scores")
-    logits = LanguageTarget(gpt(), "logits", VOCAB_SIZE)
-    assert torch.equal(logits.logits(x), gpt()(x))
+    logits = LanguageTarget(gpt(), "logits", VOCAB_SIZE, batch_size=2)
+    with torch.no_grad():
+        assert torch.allclose(logits.logits(x), gpt()(x), atol=1e-6)
+    assert logits.queries == 5 and logits.tokens_served == 5 * 18
+    assert logits.logits(torch.zeros(0, 3, dtype=torch.int64)).shape == (0, 3, VOCAB_SIZE)
 
 
 def test_views_narrow_and_share_the_ledgers() -> None:

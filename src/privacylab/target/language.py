@@ -152,11 +152,17 @@ class LanguageTarget(Target):
         self.require(Access.LOGITS)
         tokens = self._tokens(x, "token sequences")
         self._count(tokens)
-        self._served[0] += int(tokens.shape[0]) * int(tokens.shape[1])
+        outs = []
         with torch.no_grad():
-            out = self._model(tokens.to(self.device)).to(self.dtype)
-        self._check_logits(out, int(tokens.shape[0]), int(tokens.shape[1]))
-        return out.cpu()
+            for i in range(0, int(tokens.shape[0]), self.batch_size):
+                batch = tokens[i : i + self.batch_size].to(self.device)
+                out = self._model(batch).to(self.dtype)
+                self._check_logits(out, int(batch.shape[0]), int(batch.shape[1]))
+                outs.append(out.cpu())
+        self._served[0] += int(tokens.shape[0]) * int(tokens.shape[1])
+        if not outs:
+            return torch.zeros(0, tokens.shape[1], self.vocab_size, dtype=self.dtype)
+        return torch.cat(outs)
 
     def sample(self, prefixes: Tensor | np.ndarray, new_tokens: int, choose: Chooser) -> Tensor:
         """Continue each prefix (n, P) by up to `new_tokens` tokens picked by `choose` from the
