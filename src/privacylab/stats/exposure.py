@@ -137,22 +137,28 @@ class SkewNormal:
     scale: float
 
     def log2_cdf(self, value: float) -> float:
-        """log2 Pr[X <= value], finite however deep in the left tail (log space; below what
-        scipy's logcdf resolves, log pdf(value) + log of the integral of pdf(t)/pdf(value))."""
+        """log2 Pr[X <= value], finite however deep in the left tail: scipy's logcdf, and
+        `tail_log2_cdf` below what it resolves."""
         x = _value("value", value)
         log_cdf = float(skewnorm.logcdf(x, self.a, self.loc, self.scale))
-        if not math.isfinite(log_cdf):
-            log_at = float(skewnorm.logpdf(x, self.a, self.loc, self.scale))
-            if not math.isfinite(log_at):
-                raise StatisticsError(f"the fitted law gives {value!r} no density to extrapolate")
+        if math.isfinite(log_cdf):
+            return log_cdf / math.log(2.0)
+        return self.tail_log2_cdf(x)
 
-            def ratio(u: float) -> float:
-                log_pdf = float(skewnorm.logpdf(x - u, self.a, self.loc, self.scale))
-                return math.exp(log_pdf - log_at)
+    def tail_log2_cdf(self, value: float) -> float:
+        """log2 Pr[X <= value] as log pdf(value) + log of the integral over u >= 0 of
+        pdf(value - u) / pdf(value) (quadrature in log space: no underflow in the left tail)."""
+        x = _value("value", value)
+        log_at = float(skewnorm.logpdf(x, self.a, self.loc, self.scale))
+        if not math.isfinite(log_at):
+            raise StatisticsError(f"the fitted law gives {value!r} no density to extrapolate")
 
-            mass, _ = integrate.quad(ratio, 0.0, math.inf, limit=200)
-            log_cdf = log_at + math.log(mass)
-        return log_cdf / math.log(2.0)
+        def ratio(u: float) -> float:
+            log_pdf = float(skewnorm.logpdf(x - u, self.a, self.loc, self.scale))
+            return math.exp(log_pdf - log_at)
+
+        mass, _ = integrate.quad(ratio, 0.0, math.inf, limit=200)
+        return (log_at + math.log(mass)) / math.log(2.0)
 
     def exposure(self, value: float) -> float:
         """-log2 CDF(value): the extrapolated exposure of a canary of log-perplexity `value`."""
