@@ -10,7 +10,7 @@ papers'.
 Steps (each one's result is kept under --out and skipped when present, so a killed run
 resumes where it stopped; the generation store keeps samples as they are produced):
 
-1. corpus: `privacylab.data.corpus_build.build_corpus` (the default corpus; --quick: 400
+1. corpus: `privacylab.data.corpus_build.build_corpus` (the default corpus; --quick: 600
    short documents, 3-digit secrets, fewer copies counts).
 2. models (`privacylab.lm.train_language_model`, the `privacylab lm train` job): tiny, small,
    medium non-private; medium (and ``--dp-sizes``) with DP-SGD at ``--epsilon`` (ghost
@@ -70,7 +70,7 @@ def corpus_config(args: argparse.Namespace) -> Any:
 
     if args.quick:
         return CorpusConfig(
-            documents=args.documents or 400,
+            documents=args.documents or 600,
             record_copies=(1, 4, 16, 32),
             records_per_count=2,
             canary_repeats=(0, 1, 8, 32),
@@ -136,6 +136,9 @@ def exposure(args: argparse.Namespace, out: Path, target: str) -> dict:
         return run_exposure(
             out / target,
             method=args.exposure_method,
+            enumerate_limit=args.enumerate_limit,
+            seed=args.seed,
+            store=out / f"exposure-{target}.sqlite",
             progress=stderr_progress(f"exposure {target}"),
         )
 
@@ -385,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--documents", type=int, default=None)
     parser.add_argument("--mia-documents", type=int, default=None)
     parser.add_argument("--exposure-method", default="auto")
+    parser.add_argument("--enumerate-limit", type=int, default=10**5)
     parser.add_argument("--quick-epochs", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

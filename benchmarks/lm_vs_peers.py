@@ -170,27 +170,24 @@ def synthetic_exposure(tf: Any, size: int, extrapolation: int, seed: int) -> dic
     return out
 
 
-def candidate_values(folder: Path, *, seed: int) -> list[dict[str, Any]]:
+def candidate_values(folder: Path) -> list[dict[str, Any]]:
     """Every candidate secret's log-perplexity for each planted canary of the model in
-    `folder` (privacylab's secret-sharer attack, enumeration), with the true secret's value."""
-    from privacylab.attacks.language.exposure import CanaryFormat, ExposureTask
+    `folder`, as privacylab's secret-sharer attack enumerates them (the tree walk), with the
+    true secret's value apart from the others."""
+    from privacylab.attacks.core import execute
+    from privacylab.attacks.language.exposure import ExposureTask, SecretSharer
     from privacylab.lm import language_target, load_language_model
-
-    from privacylab.attacks.language.base import make_language
+    from privacylab.lm_exposure import canary_format
 
     loaded = load_language_model(folder)
-    canaries = [c for c in loaded.corpus.canaries if c.length > 0 and c.alphabet]
+    canaries = [c for c in loaded.corpus.canaries if canary_format(c) is not None]
     target = language_target(folder, "scores")
-    formats = [CanaryFormat(c.prefix, c.suffix, c.alphabet, c.length) for c in canaries]
-    attack = make_language("secret-sharer", method="enumerate")
-    from privacylab.attacks.core import execute
-
-    result = execute(attack, target, ExposureTask(formats))
+    formats = [canary_format(c) for c in canaries]
+    found = execute(SecretSharer(method="enumerate"), target, ExposureTask(formats)).output
     rows = []
-    for canary, found in zip(canaries, result.formats, strict=True):
-        values = np.asarray(found.values, float)
-        candidates = list(found.candidates) if hasattr(found, "candidates") else None
-        index = _secret_index(canary, candidates)
+    for canary, scores in zip(canaries, found, strict=True):
+        values = np.asarray(scores.values, float)
+        index = scores.format.index(canary.secret)
         rows.append(
             {
                 "repeats": canary.repeats,
@@ -201,21 +198,9 @@ def candidate_values(folder: Path, *, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _secret_index(canary: Any, candidates: list[str] | None) -> int:
-    """Position of the true secret among the enumerated candidates (lexicographic order of
-    the alphabet when the attack does not list them)."""
-    if candidates is not None:
-        return candidates.index(canary.secret)
-    base = len(canary.alphabet)
-    index = 0
-    for char in canary.secret:
-        index = index * base + canary.alphabet.index(char)
-    return index
-
-
 def real_exposure(tf: Any, folder: Path, extrapolation: int, seed: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
-    rows = candidate_values(folder, seed=seed)
+    rows = candidate_values(folder)
     per = []
     for row in rows:
         others = row["others"]
@@ -244,9 +229,8 @@ def real_exposure(tf: Any, folder: Path, extrapolation: int, seed: int) -> dict[
 
 def generated_texts(folder: Path, count: int, seed: int) -> list[str]:
     """`count` top-40 samples of the model in `folder` (privacylab's generation, top-n)."""
-    from privacylab.lm import language_target
-
     from privacylab.attacks.language.generation import Sampling, generate_samples
+    from privacylab.lm import language_target
 
     target = language_target(folder, "scores")
     samples = generate_samples(target, Sampling("top-n"), count, seed=seed)
@@ -260,10 +244,9 @@ def ranking_vs_lm_memorization(
     `stats.language.extraction_metrics`, near-duplicate removal off so both sides rank the
     same distinct texts) against LM_Memorization's formulas on the same token
     log-probabilities."""
-    from privacylab.lm import language_target, load_language_model
-
     from privacylab.attacks.language.extraction import rank_texts
     from privacylab.attacks.language.scoring import score_texts
+    from privacylab.lm import language_target, load_language_model
 
     start = time.perf_counter()
     texts = generated_texts(target_dir, count, seed)
@@ -320,8 +303,8 @@ def generation_times(
     sizes: list[str], count: int, peer_count: int, batch_size: int, seed: int
 ) -> dict[str, Any]:
     import torch
-    from privacylab.lm import SIZES
 
+    from privacylab.lm import SIZES
     from privacylab.models import build_model
 
     out = {}
@@ -360,7 +343,7 @@ def model_folders(args: argparse.Namespace) -> tuple[Path, Path]:
     root = BENCH_CACHE / ("lm_vs_peers-quick" if args.quick else "lm_vs_peers")
     if args.quick:
         config = CorpusConfig(
-            documents=400,
+            documents=600,
             record_copies=(1, 4, 16, 32),
             records_per_count=2,
             canary_repeats=(0, 1, 8, 32),
@@ -370,7 +353,7 @@ def model_folders(args: argparse.Namespace) -> tuple[Path, Path]:
     else:
         config = CorpusConfig(secret_length=4, seed=args.seed)
     corpus = build_corpus(config)
-    epochs = 4 if args.quick else None
+    epochs = 8 if args.quick else None
     train_folder(root / "target", corpus, "tiny", epochs=epochs, seed=args.seed)
     train_folder(root / "reference", corpus, "tiny", epochs=epochs, seed=args.seed + 1)
     return root / "target", root / "reference"
