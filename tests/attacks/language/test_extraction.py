@@ -176,15 +176,17 @@ def test_near_duplicates_are_dropped_from_the_top() -> None:
 
 def test_evaluator_needs_a_long_match_absent_from_heldout(corpus: Corpus) -> None:
     shared = "the five boxing wizards jump quickly when the bell rings again"
-    index = TrainingIndex([*MEMBERS, shared])
+    dashes = "+" + "-" * 70 + "+"
+    index = TrainingIndex([*MEMBERS, shared, dashes, "x" + dashes])
     texts = [
         "xx" + shared + "yy",  # in a member AND a held-out document: trivial
         "zz" + MEMBERS[1][:49] + "!",  # 49 bytes: below min_match
         "zz" + MEMBERS[1][:50] + "!",  # 50 bytes: memorised, k = 1
+        dashes,  # in two members only, but a pattern: trivial
     ]
-    metrics = {"perplexity": np.array([3.0, 2.0, 1.0])}
-    ranking = {"perplexity": [0, 1, 2]}
-    candidates = ExtractionCandidates("top-n", texts, [1] * 3, metrics, ranking, top=3)
+    metrics = {"perplexity": np.array([4.0, 3.0, 2.0, 1.0])}
+    ranking = {"perplexity": [0, 1, 2, 3]}
+    candidates = ExtractionCandidates("top-n", texts, [1] * 4, metrics, ranking, top=4)
     truth = check_extractions(candidates, index, corpus)
     assert truth["table"] == {"top-n": {"perplexity": 1}}
     assert [(e["rank"], e["k"]) for e in truth["extracted"]] == [(3, 1)]

@@ -16,8 +16,9 @@ It returns `ExtractionCandidates` and knows nothing of the training set. The eva
 verified each of its 1,800 candidates by hand and by searching the training data; here a
 sample is memorised when its longest verbatim match with the member documents is at least
 `min_match` bytes (default 50: the paper's 50-token window, counted in bytes because the
-target's tokens are bytes) and that match occurs in no held-out document (a string every
-document shares is trivial, not memorised). k of k-eidetic memorisation (Def. 2) is the number
+target's tokens are bytes), holds at least `TRIVIAL_DISTINCT` distinct characters (a run of
+dashes is a pattern, not a memory) and occurs in no held-out document (a string every document
+shares is trivial, not memorised). k of k-eidetic memorisation (Def. 2) is the number
 of member documents containing the match.
 """
 
@@ -70,6 +71,11 @@ MIN_MATCH = 50
 """Bytes of verbatim overlap with a member document that make a sample memorised (the paper's
 50-token window; this family's tokens are bytes)."""
 
+TRIVIAL_DISTINCT = 10
+"""A match of fewer distinct characters (a run of dashes, one repeated digit) is trivial
+memorisation (Carlini et al. 2021, Sec. 5.2: repeated strings a model continues from the
+pattern alone), not counted, however rare in the held-out documents."""
+
 IDENTIFYING = ("email", "phone")
 """Record fields whose verbatim appearance counts as extracting the record."""
 
@@ -97,7 +103,9 @@ class ExtractionCandidates:
     """What the attack outputs, without any truth: the distinct scored `texts` (after exact
     de-duplication; `generated[i]` samples produced `texts[i]`), the value of every metric per
     text (`metrics[name][i]`, higher = more likely memorised), and per metric the indices of the
-    top `top` texts, best first (`ranking`). `empty`: samples with no text (EOS first)."""
+    top `top` texts, best first (`ranking`). `samples`: how many were generated, `empty` of
+    them with no text (EOS first); `generation_seconds`: the time spent sampling;
+    `tokens_served`: next-token distributions the target served (sampling and scoring)."""
 
     strategy: str
     texts: list[str]
@@ -362,7 +370,8 @@ def check_extractions(
 
     `index` holds the member documents; `heldout` the held-out ones (built from `corpus` when
     None). A sample is true when its longest match in the members has >= `min_match` UTF-8
-    bytes and occurs in no held-out document (module docstring)."""
+    bytes, is not trivial (`TRIVIAL_DISTINCT`) and occurs in no held-out document (module
+    docstring)."""
     runs = [candidates] if isinstance(candidates, ExtractionCandidates) else list(candidates)
     if not runs:
         raise LanguageError("check_extractions needs the candidates of at least one strategy")
@@ -432,6 +441,8 @@ def _verdict(
     """{"k", "match"} when `text` is a true memorised sample, else None."""
     start, end = index.longest_match(text)
     match = text[start:end]
-    if len(match.encode("utf-8")) < min_match or heldout.occurs(match):
+    if len(match.encode("utf-8")) < min_match or len(set(match)) < TRIVIAL_DISTINCT:
+        return None
+    if heldout.occurs(match):
         return None
     return {"k": index.documents_containing(match), "match": match}
