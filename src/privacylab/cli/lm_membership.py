@@ -1,1 +1,128 @@
-"""Placeholder: filled in by issue 15's work on the language-model family."""
+"""`privacylab attack lm-membership`: membership inference on a trained language model (a folder
+of `privacylab lm train`) with the LM membership attacks of `privacylab.attacks.language`
+(loss, zlib, reference, lowercase, Min-K%, Min-K%++; Duan et al. 2024's comparison), run by
+`privacylab.lm_membership.run_lm_membership_job`.
+
+`--json` prints the membership run (schemas: target facts, reference facts, documents, per
+attack its metrics and ROC points, the attacks ordered by AUC, queries, seconds). With
+`--out`, the run joins the report's "#language-models" section
+(`privacylab.report.language.add_language_run`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from privacylab.cli._common import (
+    JsonOpt,
+    _device,
+    _emit_json,
+    _guarded,
+    _path_arg,
+    _Stages,
+    _stderr,
+)
+from privacylab.cli._reports import check_paths, print_summary
+from privacylab.cli.attack import attack_app
+from privacylab.errors import PrivacylabError
+
+SUMMARY = (
+    ("name", "attack"),
+    ("auc", "AUC"),
+    ("tpr_at_1pct_fpr", "TPR@1%FPR"),
+    ("tpr_at_01pct_fpr", "TPR@0.1%FPR"),
+    ("advantage", "advantage"),
+    ("epsilon_lower_bound", "ε lower bound"),
+    ("queries", "queries"),
+)
+"""(key, header) of the terminal summary, one row per attack."""
+
+
+@attack_app.command("lm-membership")
+def attack_lm_membership_command(
+    target: Annotated[
+        Path,
+        typer.Option(
+            "--target", help="Model folder written by `privacylab lm train`.", parser=_path_arg
+        ),
+    ],
+    reference: Annotated[
+        Path | None,
+        typer.Option(
+            "--reference",
+            help="The attacker's reference model folder (trained on similar public text); "
+            "needed by the reference attack.",
+            parser=_path_arg,
+        ),
+    ] = None,
+    attacks: Annotated[
+        str,
+        typer.Option(
+            "--attacks",
+            help="Comma-separated attacks: loss, zlib, reference, lowercase, min-k, min-k++ "
+            "(default: all; reference only with --reference).",
+        ),
+    ] = "loss,zlib,reference,lowercase,min-k,min-k++",
+    documents: Annotated[
+        int,
+        typer.Option(
+            "--documents", help="Members and held-out documents scored (up to this many each)."
+        ),
+    ] = 500,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the document sample.")] = 0,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Add the run to the report (results.json, index.html) here.",
+            parser=_path_arg,
+        ),
+    ] = None,
+    json_output: JsonOpt = False,
+) -> None:
+    """Was a document in the training set? Score member documents (without planted strings)
+    and held-out documents with each attack; report AUC, TPR at 1% and 0.1% FPR, advantage and
+    the ε lower bound on one metrics path."""
+
+    def run() -> None:
+        from privacylab.lm_membership import DEFAULT_ATTACKS, choose_attacks, run_lm_membership_job
+
+        check_paths(target=target, out=out)
+        if reference is not None and not reference.is_dir():
+            raise PrivacylabError(f"--reference {reference} is not a model folder")
+        if isinstance(documents, bool) or documents < 1:
+            raise PrivacylabError(f"--documents must be a whole number >= 1, got {documents}")
+        names = [a.strip() for a in attacks.split(",") if a.strip()]
+        chosen = choose_attacks(
+            DEFAULT_ATTACKS if tuple(names) == DEFAULT_ATTACKS else names,
+            reference=reference is not None,
+        )
+        with _Stages(_stderr()) as stages:
+            result = run_lm_membership_job(
+                target,
+                reference=reference,
+                attacks=chosen,
+                documents=documents,
+                seed=seed,
+                device=_device(device),
+                progress=stages,
+            )
+        if out is not None:
+            from privacylab.report.language import add_language_run
+
+            add_language_run(out, "membership", result)
+        if json_output:
+            _emit_json(result)
+            return
+        docs = result["documents"]
+        heading = (
+            f"LM membership inference on {target}: {docs['members']} members, "
+            f"{docs['heldout']} held-out documents (best: {result['order'][0]})"
+        )
+        print_summary(heading, SUMMARY, result["attacks"], out)
+
+    _guarded(run)
