@@ -27,11 +27,13 @@ from privacylab.report.language import (
     RANDOM_EXPOSURE,
     LanguageReportError,
     add_language_run,
+    epsilon_label,
     exposure_plot,
     language_roc_plot,
     redact,
     roc_image_name,
     run_label,
+    run_labels,
 )
 from privacylab.report.metrics import membership_metrics
 from privacylab.report.sections.language import facts_line
@@ -391,6 +393,28 @@ def test_all_kinds_together_and_partial_runs(tmp_path: Path) -> None:
     assert ids == ["language-extraction", "language-exposure", "language-membership"]
     assert sorted(page_images(page)) == sorted([EXPOSURE_IMAGE, roc_image_name(0)])
     assert all((tmp_path / name).is_file() for name in page_images(page))
+    summary = html.split('class="sortable language-summary"')[1].split("</table>")[0]
+    rows = [
+        re.findall(r"<td[^>]*>([^<]*)</td>", r)
+        for r in summary.split("<tbody>")[1].split("</tr>")[:-1]
+    ]
+    aucs = [a["auc"] for a in membership_run()["attacks"]]
+    tprs = [a["tpr_at_1pct_fpr"] for a in membership_run()["attacks"]]
+    assert rows[0] == [
+        "tiny, non-private",
+        "12345",
+        "∞",
+        "3.25",
+        "11.50",
+        "20",
+        "7 / 20",
+        "8",
+        f"13.29 / {6 * math.log2(10):.1f}",
+        f"{max(aucs):.3f}",
+        f"{max(tprs):.3f}",
+    ]
+    assert rows[1][0] == "/bare, non-private"
+    assert rows[1][5:] == ["—"] * 6
     assert "No planted record was extracted." in html
     assert "nothing extracted" in html and "no attack" in html
     garbage = {
@@ -410,10 +434,23 @@ def test_labels_and_facts() -> None:
     assert run_label(facts("/x", "small")) == "small, non-private"
     assert run_label(facts("/x", "medium", 8.0)) == "medium, DP ε=8"
     assert run_label(None) == "model, non-private"
-    line = facts_line({**facts("/x", epsilon=1.5), "delta": 1e-5})
+    assert run_label(facts("/x", "tiny", 7.9934192952963885)) == "tiny, DP ε=8"
+    assert [epsilon_label(x) for x in (0.5, 1.0, 2.54, 16.0, 100.0)] == [
+        "0.5",
+        "1",
+        "2.5",
+        "16",
+        "100",
+    ]
+    assert run_labels([facts("/m/a"), facts("/m/b"), facts("/m/c", "small")]) == [
+        "tiny, non-private (a)",
+        "tiny, non-private (b)",
+        "small, non-private",
+    ]
+    line = facts_line({**facts("/x", epsilon=1.5), "delta": 1e-5, "accountant": "pld"})
     assert line == (
-        "model: tiny · 12,345 parameters · DP-SGD, ε = 1.5, δ = 1.0e-05 · perplexity members "
-        "3.25 / held-out 11.50 · folder: /x"
+        "model: tiny · 12,345 parameters · DP-SGD, ε = 1.5, δ = 1.0e-05 (pld accountant) · "
+        "perplexity members 3.25 / held-out 11.50 · folder: /x"
     )
 
 

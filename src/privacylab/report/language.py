@@ -44,6 +44,7 @@ __all__ = [
     "RANDOM_EXPOSURE",
     "LanguageReportError",
     "add_language_run",
+    "epsilon_label",
     "exposure_figure",
     "exposure_plot",
     "language_images",
@@ -52,6 +53,7 @@ __all__ = [
     "redact",
     "roc_image_name",
     "run_label",
+    "run_labels",
 ]
 
 KINDS = ("extraction", "exposure", "membership")
@@ -125,14 +127,34 @@ def redact(text: str) -> str:
     return "".join(pieces)
 
 
+def epsilon_label(epsilon: float) -> str:
+    """ε to two significant digits, no exponent ("8" for 7.9934, "0.5", "16", "100")."""
+    return f"{float(f'{epsilon:.2g}'):g}"
+
+
 def run_label(target: Any) -> str:
     """A run's short label from its target facts: "tiny, non-private" or "small, DP ε=8"."""
     facts = target if isinstance(target, Mapping) else {}
     size = str(facts.get("size") or facts.get("folder") or "model")
     epsilon = number(facts.get("epsilon"))
     if facts.get("private") or (epsilon is not None and math.isfinite(epsilon)):
-        return f"{size}, DP ε={epsilon:g}" if epsilon is not None else f"{size}, DP"
+        if epsilon is None or not math.isfinite(epsilon):
+            return f"{size}, DP"
+        return f"{size}, DP ε={epsilon_label(epsilon)}"
     return f"{size}, non-private"
+
+
+def run_labels(targets: Sequence[Any]) -> list[str]:
+    """`run_label` of each target, with the model folder's name added where two labels would
+    otherwise be the same."""
+    plain = [run_label(t) for t in targets]
+    labels = []
+    for target, label in zip(targets, plain, strict=True):
+        folder = target.get("folder") if isinstance(target, Mapping) else None
+        if plain.count(label) > 1 and folder:
+            label = f"{label} ({Path(str(folder)).name or folder})"
+        labels.append(label)
+    return labels
 
 
 def _exposure_points(run: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -157,6 +179,7 @@ def exposure_plot(runs: Sequence[Mapping[str, Any]]) -> Figure:
     fig = Figure(figsize=(7.6, 4.8), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     largest = 1.0
+    labels = run_labels([run.get("target") for run in runs])
     for i, run in enumerate(runs):
         repeats, exposure = _exposure_points(run)
         if len(repeats) == 0:
@@ -166,7 +189,7 @@ def exposure_plot(runs: Sequence[Mapping[str, Any]]) -> Figure:
         means = np.asarray([exposure[repeats == x].mean() for x in xs])
         ax.scatter(repeats, exposure, s=14, color=color, alpha=0.45, linewidths=0)
         ax.plot(xs, means, color=color, linestyle=style, marker="o", markersize=4, linewidth=1.8,
-                label=run_label(run.get("target")))  # fmt: skip
+                label=labels[i])  # fmt: skip
         largest = max(largest, float(xs.max()))
     spaces = sorted(
         {

@@ -39,7 +39,7 @@ from privacylab.report._format import (
     sortable_table,
     text_cell,
 )
-from privacylab.report.language import KINDS, redact, run_label
+from privacylab.report.language import KINDS, epsilon_label, redact, run_labels
 from privacylab.report.sections import register_section
 
 __all__ = [
@@ -47,8 +47,10 @@ __all__ = [
     "EXTRACTED_COLUMNS",
     "MEMBERSHIP_COLUMNS",
     "RECORD_COLUMNS",
+    "SUMMARY_COLUMNS",
     "LanguageSection",
     "facts_line",
+    "summary_table",
 ]
 
 MEMBERSHIP_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -129,6 +131,121 @@ TITLES = {
 }
 
 
+SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("model", "model", "size and privacy of the trained model"),
+    ("parameters", "parameters", "trainable parameters"),
+    ("epsilon", "ε", "DP-SGD's ε (∞: trained without differential privacy)"),
+    ("members", "perplexity (members)", "per-token perplexity on training documents"),
+    ("heldout", "perplexity (held-out)", "per-token perplexity on held-out documents"),
+    ("memorised", "memorised samples", "most true memorised samples in a top 100 (any strategy "
+     "and metric)"),
+    ("records", "records extracted", "planted records found in true memorised samples"),
+    ("begins", "extraction from k", "fewest copies of a record that was extracted"),
+    ("exposure", "max exposure", "largest canary exposure (bits), of log2|R| possible"),
+    ("auc", "best MIA AUC", "best membership attack's AUC"),
+    ("tpr", "best TPR@1% FPR", "best membership attack's TPR at 1% FPR"),
+)  # fmt: skip
+"""(key, header, tooltip) of the summary table: one row per model folder."""
+
+SUMMARY_GUIDE = (
+    "One row per model: how much each measurement found. A model that memorised its training "
+    "data shows extracted records, exposure near log2|R| for repeated canaries and a "
+    "membership AUC above 0.5; differential privacy should bring every one back to chance."
+)
+
+
+def _best(values: Sequence[float | None]) -> float | None:
+    found = [v for v in values if v is not None]
+    return max(found) if found else None
+
+
+def _summary(runs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    extraction = runs.get("extraction")
+    if extraction is not None:
+        table = extraction.get("table")
+        cells = [
+            number(v)
+            for strategy in (table.values() if isinstance(table, Mapping) else [])
+            if isinstance(strategy, Mapping)
+            for v in strategy.values()
+        ]
+        row["memorised"] = _best(cells)
+        records = extraction.get("records")
+        counts = [c for c in (records.values() if isinstance(records, Mapping) else [])
+                  if isinstance(c, Mapping)]  # fmt: skip
+        found = [number(c.get("extracted")) for c in counts]
+        total = [number(c.get("records")) for c in counts]
+        if counts and None not in found and None not in total:
+            row["records"] = (sum(found), sum(total))  # type: ignore[arg-type]
+        row["begins"] = number(extraction.get("extraction_begins_at"))
+    exposure = runs.get("exposure")
+    if exposure is not None:
+        canaries = [c for c in mappings(exposure.get("canaries")) if not c.get("user")]
+        row["exposure"] = _best([number(c.get("exposure")) for c in canaries])
+        row["space"] = _best([number(c.get("space_bits")) for c in canaries])
+    membership = runs.get("membership")
+    if membership is not None:
+        attacks = mappings(membership.get("attacks"))
+        row["auc"] = _best([number(a.get("auc")) for a in attacks])
+        row["tpr"] = _best([number(a.get("tpr_at_1pct_fpr")) for a in attacks])
+    return row
+
+
+def summary_table(block: Mapping[str, Any]) -> str:
+    """One row per model folder over every kind of run: its facts and the headline of each
+    measurement (most memorised samples, records extracted, the fewest copies extracted, the
+    largest exposure, the best membership AUC and TPR at 1% FPR); "—" where a kind has no run."""
+    order: list[str] = []
+    targets: dict[str, Mapping[str, Any]] = {}
+    runs: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for kind in KINDS:
+        for run in mappings(block.get(kind)):
+            target = run.get("target")
+            target = target if isinstance(target, Mapping) else {}
+            key = str(target.get("folder"))
+            if key not in targets:
+                order.append(key)
+                targets[key] = target
+            runs.setdefault(key, {})[kind] = run
+    labels = run_labels([targets[k] for k in order])
+    rows = []
+    for key, label in zip(order, labels, strict=True):
+        target = targets[key]
+        row = _summary(runs[key])
+        epsilon = number(target.get("epsilon"))
+        perplexity = target.get("perplexity")
+        perplexity = perplexity if isinstance(perplexity, Mapping) else {}
+        records = row.get("records")
+        exposure, space = row.get("exposure"), row.get("space")
+        cells = [
+            text_cell(label, title=str(target.get("folder") or "")),
+            num_cell(target.get("parameters"), fmt_int(target.get("parameters"))),
+            num_cell(
+                float("inf") if epsilon is None else epsilon,
+                "∞" if epsilon is None else epsilon_label(epsilon),
+            ),
+            num_cell(perplexity.get("members"), fmt(perplexity.get("members"), 2)),
+            num_cell(perplexity.get("heldout"), fmt(perplexity.get("heldout"), 2)),
+            num_cell(row.get("memorised"), fmt_int(row.get("memorised"))),
+            num_cell(
+                records[0] if records else None,
+                f"{int(records[0])} / {int(records[1])}" if records else MISSING,
+            ),
+            num_cell(row.get("begins"), fmt_int(row.get("begins"))),
+            num_cell(
+                exposure,
+                MISSING
+                if exposure is None
+                else f"{exposure:.2f}" + (f" / {space:.1f}" if space is not None else ""),
+            ),
+            num_cell(row.get("auc")),
+            num_cell(row.get("tpr")),
+        ]
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return sortable_table("language-summary", SUMMARY_COLUMNS, rows, text={"model"})
+
+
 def _perplexity(facts: Mapping[str, Any]) -> str | None:
     value = facts.get("perplexity")
     if isinstance(value, Mapping):
@@ -148,6 +265,7 @@ def facts_line(target: Any) -> str:
         privacy = "DP-SGD" if epsilon is None else f"DP-SGD, ε = {epsilon:.3g}"
         delta = number(facts.get("delta"))
         privacy += f", δ = {delta:.1e}" if delta is not None else ""
+        privacy += f" ({facts.get('accountant')} accountant)" if facts.get("accountant") else ""
     else:
         privacy = "non-private"
     parameters = number(facts.get("parameters"))
@@ -161,12 +279,15 @@ def facts_line(target: Any) -> str:
     return " · ".join(p for p in parts if p)
 
 
-def _run_head(run: Mapping[str, Any], extra: Sequence[str | None] = ()) -> str:
+def _run_head(run: Mapping[str, Any], label: str, extra: Sequence[str | None] = ()) -> str:
     more = " · ".join(x for x in extra if x)
+    notes = run.get("notes")
+    notes = [str(n) for n in notes] if isinstance(notes, list) else []
     return (
-        f"<h4>{e(run_label(run.get('target')))}</h4>\n"
+        f"<h4>{e(label)}</h4>\n"
         f'<p class="meta">{e(facts_line(run.get("target")))}</p>'
         + (f'\n<p class="small">{e(more)}</p>' if more else "")
+        + "".join(f'\n<p class="small note">{e(n)}</p>' for n in notes)
     )
 
 
@@ -288,13 +409,23 @@ def _extracted_table(run: Mapping[str, Any]) -> str:
     return shown + table
 
 
-def _extraction(run: Mapping[str, Any]) -> str:
+def _distinct(run: Mapping[str, Any]) -> str | None:
+    distinct = run.get("distinct")
+    if not isinstance(distinct, Mapping) or not distinct:
+        return None
+    return "distinct samples: " + ", ".join(f"{k} {fmt_int(v)}" for k, v in distinct.items())
+
+
+def _extraction(run: Mapping[str, Any], label: str) -> str:
     references = [str(r.get("size") or r.get("folder")) for r in mappings(run.get("references"))]
     per_thousand = number(run.get("seconds_per_1000_samples"))
     head = _run_head(
         run,
+        label,
         [
             _count("samples per strategy", run.get("samples")),
+            _distinct(run),
+            _count("verbatim match of at least (bytes)", run.get("min_match")),
             f"reference models: {', '.join(references)}" if references else None,
             _count("queries", run.get("queries")),
             _count("tokens served", run.get("tokens_served")),
@@ -328,7 +459,7 @@ def _exposure_cell(key: str, canary: Mapping[str, Any]) -> str:
     return num_cell(value, fmt(value, 2))
 
 
-def _exposure(run: Mapping[str, Any]) -> str:
+def _exposure(run: Mapping[str, Any], label: str) -> str:
     canaries = sorted(
         mappings(run.get("canaries")),
         key=lambda c: (bool(c.get("user")), number(c.get("repeats")) or 0.0),
@@ -339,6 +470,7 @@ def _exposure(run: Mapping[str, Any]) -> str:
     ]
     head = _run_head(
         run,
+        label,
         [
             f"method: {run.get('method')}" if run.get("method") else None,
             _count("queries", run.get("queries")),
@@ -355,7 +487,7 @@ def _exposure(run: Mapping[str, Any]) -> str:
     return head + "\n" + table
 
 
-def _membership(folder: Path, run: Mapping[str, Any], image: Any) -> str:
+def _membership(folder: Path, run: Mapping[str, Any], label: str, image: Any) -> str:
     attacks = list(mappings(run.get("attacks")))
     order = [str(n) for n in run.get("order") or []]
     rank = {name: i for i, name in enumerate(order)}
@@ -377,6 +509,7 @@ def _membership(folder: Path, run: Mapping[str, Any], image: Any) -> str:
     reference = run.get("reference")
     head = _run_head(
         run,
+        label,
         [
             f"{fmt_int(documents.get('members'))} member and "
             f"{fmt_int(documents.get('heldout'))} held-out documents"
@@ -391,7 +524,7 @@ def _membership(folder: Path, run: Mapping[str, Any], image: Any) -> str:
         folder,
         image,
         "ROC curves of the membership attacks on log-log axes",
-        f"Membership ROC, {run_label(run.get('target'))}: "
+        f"Membership ROC, {label}: "
         + ", ".join(str(a.get("name") or a.get("attack")) for a in attacks),
     )
     table = sortable_table(
@@ -421,14 +554,20 @@ table.language-extracted td.text { font-family: ui-monospace, monospace; font-si
         block = section_block(payload, "language")
         images = block.get("images")
         images = images if isinstance(images, Mapping) else {}
-        parts = [f'<section id="{self.key}">', f"<h2>{e(self.title)}</h2>"]
+        parts = [
+            f'<section id="{self.key}">',
+            f"<h2>{e(self.title)}</h2>",
+            f'<p class="small">{e(SUMMARY_GUIDE)}</p>',
+            summary_table(block),
+        ]
         extraction = mappings(block.get("extraction"))
         if extraction:
             parts += [
                 f'<h3 id="language-extraction">{TITLES["extraction"]} ({len(extraction)})</h3>',
                 f'<p class="small">{e(GUIDES["extraction"])}</p>',
             ]
-            parts += [_extraction(run) for run in extraction]
+            labels = run_labels([r.get("target") for r in extraction])
+            parts += [_extraction(run, lab) for run, lab in zip(extraction, labels, strict=True)]
         exposure = mappings(block.get("exposure"))
         if exposure:
             parts += [
@@ -439,10 +578,11 @@ table.language-extracted td.text { font-family: ui-monospace, monospace; font-si
                     images.get("exposure"),
                     "Exposure of the canaries against their insertion count, one line per model",
                     "Exposure vs insertion count: "
-                    + ", ".join(run_label(r.get("target")) for r in exposure),
+                    + ", ".join(run_labels([r.get("target") for r in exposure])),
                 ),
             ]
-            parts += [_exposure(run) for run in exposure]
+            labels = run_labels([r.get("target") for r in exposure])
+            parts += [_exposure(run, lab) for run, lab in zip(exposure, labels, strict=True)]
         membership = mappings(block.get("membership"))
         if membership:
             parts += [
@@ -451,7 +591,9 @@ table.language-extracted td.text { font-family: ui-monospace, monospace; font-si
             ]
             names = images.get("membership")
             names = names if isinstance(names, list) else []
+            labels = run_labels([r.get("target") for r in membership])
             for i, run in enumerate(membership):
-                parts.append(_membership(folder, run, names[i] if i < len(names) else None))
+                image = names[i] if i < len(names) else None
+                parts.append(_membership(folder, run, labels[i], image))
         parts.append("</section>")
         return "\n".join(p for p in parts if p)
