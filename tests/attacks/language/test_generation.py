@@ -194,6 +194,33 @@ def test_prefix_samples_start_with_their_public_prefix(parrot: CausalLM) -> None
         )
 
 
+def test_forced_prefixes_equal_prefilled_prefixes(parrot: CausalLM) -> None:
+    """Greedy (top-1) prefix samples equal `complete` from BOS + the same prefix, prefilled."""
+    target = LanguageTarget(parrot, "scores", VOCAB_SIZE, batch_size=7)
+    sampling = Sampling(strategy="prefix", top_n=1, length=9, prefix_tokens=(1, 12))
+    public = [SENTENCE, "the quick red", "over the"]
+    samples = generate_samples(target, sampling, 30, public_text=public, batch_size=16)
+    assert len({len(s.prefix) for s in samples}) > 4
+    tokenizer = ByteTokenizer()
+    for s in samples:
+        prefix = torch.tensor([tokenizer.encode(s.prefix, bos=True)])
+        expected = tokenizer.decode(target.complete(prefix, 9)[0].tolist())
+        assert s.text == expected
+
+
+def test_exactly_length_tokens_follow_each_prefix() -> None:
+    z = fixed_logits()
+    target = LanguageTarget(FixedLM(z, max_len=16), "scores", VOCAB_SIZE)
+    sampling = Sampling(strategy="prefix", top_n=1, length=6, prefix_tokens=(2, 5))
+    samples = generate_samples(target, sampling, 20, public_text=["0123456789"])
+    assert {len(s.prefix) for s in samples} == {2, 3, 4, 5}
+    assert all(s.text == s.prefix + "a" * 6 for s in samples)
+    long = generate_samples(
+        target, Sampling(strategy="prefix", top_n=1, length=99), 8, public_text=["0123456789"]
+    )
+    assert all(s.text == s.prefix + "a" * (15 - len(s.prefix)) for s in long)
+
+
 def test_prefix_of_a_short_document_is_the_whole_document(parrot: CausalLM) -> None:
     target = LanguageTarget(parrot, "scores", VOCAB_SIZE)
     samples = generate_samples(

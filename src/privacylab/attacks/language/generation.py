@@ -180,6 +180,27 @@ def _decode(target: LanguageTarget, row: Tensor) -> str:
     return target.tokenizer.decode(ids)
 
 
+def _forcing(choose: Chooser, prefixes: list[list[int]], length: int) -> Chooser:
+    """`choose`, except that row i takes its prefix token at steps < len(prefixes[i]) and ends
+    (EOS) once `length` tokens follow its prefix: prefixes of different lengths share one call
+    of the target, whose served distributions after a forced token are those of a prefilled
+    prefix (the model is causal and cached generation equals a forward pass)."""
+    widths = torch.tensor([len(p) for p in prefixes], dtype=torch.int64)
+    table = torch.zeros(len(prefixes), max(1, int(widths.max())), dtype=torch.int64)
+    for i, prefix in enumerate(prefixes):
+        table[i, : len(prefix)] = torch.tensor(prefix, dtype=torch.int64)
+
+    def pick(log_probs: Tensor, step: int) -> Tensor:
+        chosen = torch.as_tensor(choose(log_probs, step)).to(torch.int64).clone()
+        forced = step < widths
+        if bool(forced.any()):
+            chosen[forced] = table[forced, step]
+        chosen[step >= widths + length] = EOS
+        return chosen
+
+    return pick
+
+
 def _generate_batch(
     target: LanguageTarget,
     sampling: Sampling,
@@ -188,23 +209,23 @@ def _generate_batch(
     seed: int,
 ) -> dict[str, list[str]]:
     """`size` samples of one batch, drawn with a generator seeded by `seed`; `prefixes` holds
-    the public-text byte ids of each sample ("prefix") or is empty."""
+    the public-text byte ids of each sample ("prefix") or is empty. Every row starts from BOS
+    alone and is forced through its prefix (`_forcing`), so each call of the target takes
+    equal-length prefixes whatever the p of each sample; calls hold at most the target's
+    `batch_size` rows, so the chooser always sees all rows of a call in order."""
     generator = torch.Generator().manual_seed(seed)
     choose = chooser(sampling, generator)
-    texts = [""] * size
-    heads = [""] * size
-    groups: dict[int, list[int]] = {}
-    for i in range(size):
-        groups.setdefault(len(prefixes[i]) if prefixes else 0, []).append(i)
-    for width in sorted(groups):
-        rows = groups[width]
-        ids = [[BOS, *(prefixes[i] if prefixes else [])] for i in rows]
-        tokens = torch.tensor(ids, dtype=torch.int64)
-        out = target.sample(tokens, sampling.length, choose)
-        for i, head, row in zip(rows, ids, out, strict=True):
-            texts[i] = _decode(target, row)
-            heads[i] = target.tokenizer.decode(head[1:])
-    return {"texts": texts, "prefixes": heads}
+    heads = prefixes or [[] for _ in range(size)]
+    texts: list[str] = []
+    chunk = max(1, int(target.batch_size))
+    for start in range(0, size, chunk):
+        rows = heads[start : start + chunk]
+        longest = max(len(p) for p in rows)
+        pick = _forcing(choose, rows, sampling.length) if longest else choose
+        tokens = torch.full((len(rows), 1), BOS, dtype=torch.int64)
+        out = target.sample(tokens, longest + sampling.length, pick)
+        texts.extend(_decode(target, row) for row in out)
+    return {"texts": texts, "prefixes": [target.tokenizer.decode(p) for p in heads]}
 
 
 def generate_samples(
