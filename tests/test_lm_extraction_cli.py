@@ -70,7 +70,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     batch = ByteTokenizer().batch(members, CONTEXT)
     x, y = batch[:, :-1], batch[:, 1:].masked_fill(batch[:, 1:] == 258, -100)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(200):
+    for _ in range(150):
         optimizer.zero_grad()
         F.cross_entropy(model(x).transpose(1, 2), y, ignore_index=-100).backward()
         optimizer.step()
