@@ -24,12 +24,14 @@ from privacylab.report.html import render_html, write_report
 from privacylab.report.jsonable import json_ready
 from privacylab.report.language import (
     EXPOSURE_IMAGE,
+    EXTRACTION_IMAGE,
     RANDOM_EXPOSURE,
     LanguageReportError,
     add_language_run,
     epsilon_label,
     exposure_plot,
     language_roc_plot,
+    records_plot,
     redact,
     roc_image_name,
     run_label,
@@ -286,6 +288,7 @@ def test_merge_replaces_by_folder_and_keeps_other_keys(tmp_path: Path) -> None:
     assert [r["target"]["folder"] for r in block["exposure"]] == ["/a"]
     assert block["extraction"] == []
     assert block["images"] == {
+        "extraction": None,
         "exposure": EXPOSURE_IMAGE,
         "membership": [roc_image_name(0), roc_image_name(1)],
     }
@@ -328,7 +331,7 @@ def test_extraction_alone(tmp_path: Path) -> None:
     html = _section(page)
     assert 'id="language-extraction"' in html
     assert 'id="language-exposure"' not in html and 'id="language-membership"' not in html
-    assert page_images(page) == []
+    assert page_images(page) == [EXTRACTION_IMAGE]
     body = html.split('class="sortable language-extraction"')[1].split("<tbody>")[1]
     rows = re.findall(r"<tr>(.*?)</tr>", body)
     best = {}
@@ -391,7 +394,9 @@ def test_all_kinds_together_and_partial_runs(tmp_path: Path) -> None:
     html = _section(page)
     ids = [m for m in re.findall(r'<h3 id="([^"]+)"', html)]
     assert ids == ["language-extraction", "language-exposure", "language-membership"]
-    assert sorted(page_images(page)) == sorted([EXPOSURE_IMAGE, roc_image_name(0)])
+    assert sorted(page_images(page)) == sorted(
+        [EXTRACTION_IMAGE, EXPOSURE_IMAGE, roc_image_name(0)]
+    )
     assert all((tmp_path / name).is_file() for name in page_images(page))
     summary = html.split('class="sortable language-summary"')[1].split("</table>")[0]
     rows = [
@@ -475,6 +480,21 @@ def test_exposure_plot_draws_means_and_levels() -> None:
     assert ax.get_xscale() == "symlog"
 
 
+def test_records_plot_draws_shares_by_copies() -> None:
+    other = extraction_run("/b")
+    other["records"] = {"4": {"records": 4, "extracted": 1}, "2": {"records": 0, "extracted": 0}}
+    ax = records_plot([extraction_run("/a"), other, {"target": facts("/c")}]).axes[0]
+    lines = ax.get_lines()
+    assert [line.get_label() for line in lines] == [
+        "tiny, non-private (a)",
+        "tiny, non-private (b)",
+    ]
+    assert list(lines[0].get_xdata()) == [1, 8, 32]
+    np.testing.assert_allclose(lines[0].get_ydata(), [0.0, 0.4, 1.0])
+    assert list(lines[1].get_xdata()) == [4] and list(lines[1].get_ydata()) == [0.25]
+    assert ax.get_xscale() == "log"
+
+
 def test_language_roc_plot_is_log_log_with_diagonal() -> None:
     run = membership_run()
     ax = language_roc_plot(run).axes[0]
@@ -498,6 +518,6 @@ def test_language_page_renders_in_chromium(
     page = add_language_run(folder, "membership", membership_run())
     probe, console = _render(chromium, page, tmp_path / "profile")
     assert probe["errors"] == [] and console == []
-    assert len(probe["images"]) == 2
+    assert len(probe["images"]) == 3
     for image in probe["images"]:
         assert image["loaded"] and image["width"] > 0 and image["alt"], image

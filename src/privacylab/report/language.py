@@ -4,12 +4,14 @@ personal data before it is shown.
 
 `add_language_run(folder, kind, run)` is what `privacylab attack lm-extraction`, `exposure` and
 `lm-membership` call: the run joins ``payload["language"][kind]`` (replacing an earlier run on
-the same target folder), every language figure is redrawn from the merged payload, and
-`privacylab.report.html.write_report` writes `results.json`, the PNGs and `index.html`. Every
-other key of an existing `results.json` is kept.
+the same target folder), the figures that the run changes are redrawn from the merged payload,
+and `privacylab.report.html.write_report` writes `results.json`, the PNGs and `index.html`.
+Every other key of an existing `results.json` is kept.
 
 Figures (matplotlib `Figure` objects through the Agg canvas, never pyplot):
 
+- the share of planted records extracted against their copies count, one line per extraction
+  run (Carlini et al. 2021, Sec. 7: memorisation grows with duplication);
 - exposure against insertion count, one line per run (Carlini et al. 2019, "The Secret Sharer",
   Sec. 5, Fig. 3/4): the largest possible exposure log2|R| dashed, the expected exposure of a
   random canary, E[-log2(rank/|R|)] -> 1/ln 2 for uniform ranks, dotted;
@@ -40,6 +42,7 @@ from privacylab.report.plots import FONT_PT, LEGEND_FONT_PT, _to_png, line_style
 
 __all__ = [
     "EXPOSURE_IMAGE",
+    "EXTRACTION_IMAGE",
     "KINDS",
     "RANDOM_EXPOSURE",
     "LanguageReportError",
@@ -50,6 +53,8 @@ __all__ = [
     "language_images",
     "language_roc_figure",
     "language_roc_plot",
+    "records_figure",
+    "records_plot",
     "redact",
     "roc_image_name",
     "run_label",
@@ -60,6 +65,7 @@ KINDS = ("extraction", "exposure", "membership")
 """The kinds of language-model runs, each a list under ``payload["language"]``."""
 
 EXPOSURE_IMAGE = "language-exposure.png"
+EXTRACTION_IMAGE = "language-records.png"
 
 RANDOM_EXPOSURE = 1.0 / math.log(2.0)
 """Expected exposure of a canary the model never saw: with rank uniform on 1..|R|,
@@ -232,6 +238,58 @@ def exposure_figure(runs: Sequence[Mapping[str, Any]]) -> bytes:
     return _to_png(exposure_plot(runs))
 
 
+def _record_points(run: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    records = run.get("records")
+    rows = []
+    for copies, counts in records.items() if isinstance(records, Mapping) else []:
+        if not isinstance(counts, Mapping):
+            continue
+        k, total, found = (number(copies), number(counts.get("records")),
+                           number(counts.get("extracted")))  # fmt: skip
+        if k is not None and total and found is not None:
+            rows.append((k, found / total))
+    if not rows:
+        return np.zeros(0), np.zeros(0)
+    data = np.asarray(sorted(rows), dtype=float)
+    return data[:, 0], data[:, 1]
+
+
+def records_plot(runs: Sequence[Mapping[str, Any]]) -> Figure:
+    """Share of the planted records extracted against how many training documents held each
+    (the k of k-eidetic memorisation, Carlini et al. 2021, Def. 2 and Sec. 7), one line per
+    extraction run (`run_labels`); the x axis is log2, as the copies counts double."""
+    fig = Figure(figsize=(7.6, 4.4), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    labels = run_labels([run.get("target") for run in runs])
+    counts: set[float] = set()
+    for i, run in enumerate(runs):
+        copies, share = _record_points(run)
+        if len(copies) == 0:
+            continue
+        color, style = line_style(i)
+        ax.plot(copies, share, color=color, linestyle=style, marker="o", markersize=4,
+                linewidth=1.8, label=labels[i])  # fmt: skip
+        counts.update(float(c) for c in copies)
+    ax.set_xscale("log", base=2)
+    if counts:
+        ax.set_xticks(sorted(counts))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("copies of the record in the training documents (k)", fontsize=FONT_PT)
+    ax.set_ylabel("share of records extracted", fontsize=FONT_PT)
+    ax.set_title("Extraction vs duplication", fontsize=FONT_PT + 1)
+    ax.tick_params(labelsize=FONT_PT)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=LEGEND_FONT_PT, loc="upper left", frameon=False)
+    return fig
+
+
+def records_figure(runs: Sequence[Mapping[str, Any]]) -> bytes:
+    """`records_plot` as PNG bytes."""
+    return _to_png(records_plot(runs))
+
+
 def _roc_points(attack: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
     roc = attack.get("roc")
     if not isinstance(roc, Mapping):
@@ -290,10 +348,16 @@ def language_images(
     block: Mapping[str, Any], current: Collection[str] = ()
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The figures of a ``payload["language"]`` block: (names to store under its "images":
-    {"exposure": name|None, "membership": [name|None, ...]}, {file name: PNG bytes}).
+    {"extraction": name|None, "exposure": name|None, "membership": [name|None, ...]},
+    {file name: PNG bytes}).
     Figures named in `current` are already up to date on disk and are not drawn again."""
     files: dict[str, bytes] = {}
-    names: dict[str, Any] = {"exposure": None, "membership": []}
+    names: dict[str, Any] = {"extraction": None, "exposure": None, "membership": []}
+    extraction = mappings(block.get("extraction"))
+    if any(len(_record_points(run)[0]) for run in extraction):
+        names["extraction"] = EXTRACTION_IMAGE
+        if EXTRACTION_IMAGE not in current:
+            files[EXTRACTION_IMAGE] = records_figure(extraction)
     exposure = mappings(block.get("exposure"))
     if any(len(_exposure_points(run)[0]) for run in exposure):
         names["exposure"] = EXPOSURE_IMAGE
@@ -310,12 +374,12 @@ def language_images(
     return names, files
 
 
-def _current_images(base: Path, block: Mapping[str, Any], changed: str | None) -> set[str]:
+def _current_images(base: Path, block: Mapping[str, Any], changed: str) -> set[str]:
     """Figure files on disk that the merge leaves as they are: named in the block's images
     before it, present, and not the figure of the kind and run that changed."""
     images = block.get("images")
     images = images if isinstance(images, Mapping) else {}
-    named = [images.get("exposure")]
+    named = [images.get("extraction"), images.get("exposure")]
     if isinstance(images.get("membership"), list):
         named += images["membership"]
     return {
@@ -396,7 +460,11 @@ def add_language_run(folder: str | os.PathLike[str], kind: str, run: Mapping[str
         block[kind] = runs
         for other in KINDS:
             block[other] = list(mappings(block.get(other)))
-        changed = {"exposure": EXPOSURE_IMAGE, "membership": roc_image_name(index)}.get(kind)
+        changed = {
+            "extraction": EXTRACTION_IMAGE,
+            "exposure": EXPOSURE_IMAGE,
+            "membership": roc_image_name(index),
+        }[kind]
         current = _current_images(base, block, changed)
         names, files = language_images(block, current)
         block["images"] = names

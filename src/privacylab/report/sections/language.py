@@ -567,6 +567,14 @@ table.language-extracted td.text { font-family: ui-monospace, monospace; font-si
                 f'<p class="small">{e(GUIDES["extraction"])}</p>',
             ]
             labels = run_labels([r.get("target") for r in extraction])
+            parts.append(
+                figure(
+                    folder,
+                    images.get("extraction"),
+                    "Share of planted records extracted against their number of copies",
+                    "Extraction vs duplication: " + ", ".join(labels),
+                )
+            )
             parts += [_extraction(run, lab) for run, lab in zip(extraction, labels, strict=True)]
         exposure = mappings(block.get("exposure"))
         if exposure:
