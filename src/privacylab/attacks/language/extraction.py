@@ -272,7 +272,6 @@ class CarliniExtraction(LanguageAttack):
     kind = "extraction"
     threat_model = ThreatModel(Access.SCORES, ("public-text", "reference-models"))
     paper = "Carlini et al. 2021, Extracting Training Data from Large Language Models"
-    aliases = ("extraction",)
 
     def __init__(
         self,
