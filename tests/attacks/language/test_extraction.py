@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
 
 from privacylab.attacks.core import execute
 from privacylab.attacks.language import LanguageError, make_language
@@ -172,6 +174,17 @@ def test_near_duplicates_are_dropped_from_the_top() -> None:
         1,
         2,
     ]
+
+
+@given(
+    st.lists(st.floats(-50, 50, allow_nan=False), min_size=1, max_size=30),
+    st.integers(1, 40),
+)
+def test_select_top_is_a_stable_descending_sort(values: list[float], top: int) -> None:
+    texts = [f"text {i}" for i in range(len(values))]
+    expected = sorted(range(len(values)), key=lambda i: (-values[i], i))[:top]
+    assert select_top(texts, np.asarray(values), top, dedupe=False) == expected
+    assert select_top(texts, np.asarray(values), top) == expected  # distinct short texts
 
 
 def test_evaluator_needs_a_long_match_absent_from_heldout(corpus: Corpus) -> None:
