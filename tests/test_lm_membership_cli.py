@@ -80,7 +80,8 @@ def test_json_run_and_report(folders: tuple[Path, Path], tmp_path: Path) -> None
     out = tmp_path / "report"
     run = run_json("--target", str(target), "--documents", "30", "--out", str(out))
     assert set(run) == {"target", "reference", "documents", "attacks", "order", "queries",
-                        "seconds"}  # fmt: skip
+                        "resumed", "seconds"}  # fmt: skip
+    assert run["resumed"] == 0 and (target / "lm-membership.sqlite").is_file()
     assert run["target"]["folder"] == str(target) and run["target"]["size"] == "tiny"
     assert run["reference"] is None
     assert run["documents"] == {"members": 30, "heldout": 30}
@@ -99,15 +100,23 @@ def test_json_run_and_report(folders: tuple[Path, Path], tmp_path: Path) -> None
     assert "language-roc-0.png" in (out / "index.html").read_text()
 
     same = run_lm_membership_job(target, attacks=["loss"], documents=30)
-    assert same["attacks"][0]["auc"] == aucs["loss"]
+    assert same["attacks"][0]["auc"] == aucs["loss"] and same["resumed"] == 0
+
+    again = run_json("--target", str(target), "--documents", "30", "--attacks", "min-k,loss")
+    assert again["resumed"] == 2 and again["queries"] == 2 * 60
+    assert [a["auc"] for a in again["attacks"]] == [aucs["min-k"], aucs["loss"]]
+    other = run_json("--target", str(target), "--documents", "30", "--attacks", "loss",
+                     "--seed", "5")  # fmt: skip
+    assert other["resumed"] == 0
 
 
-def test_reference_and_plain_output(folders: tuple[Path, Path]) -> None:
+def test_reference_and_plain_output(folders: tuple[Path, Path], tmp_path: Path) -> None:
     target, reference = folders
     run = run_json(
         "--target", str(target), "--reference", str(reference), "--attacks", "reference,mink",
-        "--documents", "20", "--seed", "1",
+        "--documents", "20", "--seed", "1", "--store", str(tmp_path / "s.sqlite"),
     )  # fmt: skip
+    assert (tmp_path / "s.sqlite").is_file()
     assert [a["name"] for a in run["attacks"]] == ["reference", "min-k"]
     assert run["reference"]["folder"] == str(reference)
     params = run["attacks"][0]["params"]

@@ -11,10 +11,18 @@ to `documents` of each. The attacker sees the texts only; the truth is attached 
 The run is `schemas.md`'s "membership run": target facts, reference facts, document counts,
 per attack its `MembershipMetrics` with a ROC curve of at most `ROC_POINTS` points, the attack
 names by AUC (best first), the queries sent to the target and the seconds taken.
+
+Resumable: with a `ResultStore`, each attack's per-document scores (with its queries, seconds
+and parameters) are stored as soon as it finishes, keyed by the bytes of the target and
+reference folders, the attack, its options and the documents scored; a re-run (after a kill,
+or with more attacks) reads them back instead of querying the model again, and its metrics
+are recomputed from them on the one metrics path. `resumed` counts the attacks read back.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -25,7 +33,9 @@ from torch import nn
 
 from privacylab.attacks.language import LanguageError, language_names, make_language
 from privacylab.attacks.language.membership import LMMembershipTask, run_lm_membership
+from privacylab.attacks.membership.result import MembershipResult
 from privacylab.data.corpus import Corpus
+from privacylab.execution.store import ResultStore, config_key
 from privacylab.report.metrics import membership_metrics
 from privacylab.stats.roc import roc_curve
 from privacylab.target.language import LanguageTarget
@@ -36,6 +46,7 @@ __all__ = [
     "choose_attacks",
     "membership_documents",
     "membership_run",
+    "model_identity",
     "roc_points",
     "run_lm_membership_job",
 ]
@@ -45,6 +56,9 @@ DEFAULT_ATTACKS = ("loss", "zlib", "reference", "lowercase", "min-k", "min-k++")
 
 ROC_POINTS = 200
 """The most ROC points kept per attack in a run (the report draws them)."""
+
+NAMESPACE = "lm-membership"
+"""The result-store namespace of finished attacks."""
 
 Progress = Callable[[str, float, float], None]
 
@@ -122,24 +136,47 @@ def membership_run(
     documents: int = 500,
     seed: int = 0,
     batch_size: int = 64,
+    store: ResultStore | None = None,
+    identity: str | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """The membership run of `attacks` on `target`, trained on `corpus` (module docstring);
     `facts` describe the target (`privacylab.lm.target_facts`), `reference_facts` the
-    reference model."""
+    reference model. With `store`, finished attacks are stored under keys that include
+    `identity` (what names the target and reference models, e.g. a digest of their files;
+    required with a store) and read back on a re-run."""
+    if store is not None and not identity:
+        raise LanguageError("a result store needs the identity of the models it stores for")
     start = time.perf_counter()
     names = choose_attacks(attacks, reference=reference is not None)
     members, heldout = membership_documents(corpus, documents, seed)
     order = np.concatenate([members, heldout])
     truth = np.r_[np.ones(members.size, int), np.zeros(heldout.size, int)]
     task = LMMembershipTask(corpus.texts(order), reference)
-    before = target.queries
+    queries = 0
+    resumed = 0
     rows = []
     for i, name in enumerate(names):
         if progress is not None:
             progress(f"membership: attack {name}", i, len(names))
         attack = make_language(name, "membership", batch_size=batch_size)
-        result = run_lm_membership(attack, target, task, truth)
+        key = config_key(
+            {
+                "models": identity,
+                "attack": name,
+                "params": attack.params(),
+                "documents": [int(d) for d in order],
+            }
+        )
+        done = store.get(NAMESPACE, key) if store is not None else None
+        if done is not None:
+            result = _stored_result(done, truth)
+            resumed += 1
+        else:
+            result = run_lm_membership(attack, target, task, truth)
+            if store is not None:
+                store.put(NAMESPACE, key, _storable(result))
+        queries += result.queries
         row = {"name": name, **membership_metrics(result).to_dict()}
         row["params"] = result.params
         row["roc"] = roc_points(result.scores, result.membership)
@@ -153,9 +190,48 @@ def membership_run(
         "documents": {"members": int(members.size), "heldout": int(heldout.size)},
         "attacks": rows,
         "order": [r["name"] for r in ranked],
-        "queries": int(target.queries - before),
+        "queries": int(queries),
+        "resumed": resumed,
         "seconds": time.perf_counter() - start,
     }
+
+
+def _storable(result: MembershipResult) -> dict[str, Any]:
+    return {
+        "attack": result.attack,
+        "access": result.access,
+        "scores": [float(x) if math.isfinite(x) else repr(float(x)) for x in result.scores],
+        "queries": int(result.queries),
+        "seconds": float(result.seconds),
+        "params": result.params,
+    }
+
+
+def _stored_result(done: dict[str, Any], truth: np.ndarray) -> MembershipResult:
+    return MembershipResult(
+        attack=str(done["attack"]),
+        scores=np.asarray([float(x) for x in done["scores"]]),
+        membership=truth,
+        access=str(done["access"]),
+        queries=int(done["queries"]),
+        seconds=float(done["seconds"]),
+        params=dict(done["params"]),
+    )
+
+
+def model_identity(*folders: str | Path | None) -> str:
+    """sha256 of the model, sidecar and corpus files of each folder (None: no model), in order:
+    what a stored attack result was computed on."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        digest.update(b"\0folder\0" if folder is not None else b"\0none\0")
+        if folder is None:
+            continue
+        for name in ("model.safetensors", "model.json", "corpus.json"):
+            path = Path(folder) / name
+            if path.is_file():
+                digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def run_lm_membership_job(
@@ -166,11 +242,13 @@ def run_lm_membership_job(
     documents: int = 500,
     seed: int = 0,
     device: str = "cpu",
+    store: str | Path | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """`membership_run` on the model folder `target_dir` (written by `privacylab lm train`),
     with the model folder `reference` as the attacker's reference model: the schemas.md
-    membership run. Attack names are checked before any model is loaded."""
+    membership run. With `store` (a SQLite file), finished attacks are stored and a re-run
+    resumes. Attack names are checked before any model is loaded."""
     choose_attacks(attacks, reference=reference is not None)
     from privacylab.lm import language_target, load_language_model, target_facts
 
@@ -181,14 +259,22 @@ def run_lm_membership_job(
     if reference is not None:
         reference_model = load_language_model(reference).model
         reference_facts = target_facts(reference)
-    return membership_run(
-        target,
-        loaded.corpus,
-        facts=target_facts(target_dir),
-        reference=reference_model,
-        reference_facts=reference_facts,
-        attacks=attacks,
-        documents=documents,
-        seed=seed,
-        progress=progress,
-    )
+    options: dict[str, Any] = {
+        "facts": target_facts(target_dir),
+        "reference": reference_model,
+        "reference_facts": reference_facts,
+        "attacks": attacks,
+        "documents": documents,
+        "seed": seed,
+        "progress": progress,
+    }
+    if store is None:
+        return membership_run(target, loaded.corpus, **options)
+    with ResultStore(store) as results:
+        return membership_run(
+            target,
+            loaded.corpus,
+            store=results,
+            identity=model_identity(target_dir, reference),
+            **options,
+        )

@@ -3,10 +3,11 @@ of `privacylab lm train`) with the LM membership attacks of `privacylab.attacks.
 (loss, zlib, reference, lowercase, Min-K%, Min-K%++; Duan et al. 2024's comparison), run by
 `privacylab.lm_membership.run_lm_membership_job`.
 
-`--json` prints the membership run (schemas: target facts, reference facts, documents, per
-attack its metrics and ROC points, the attacks ordered by AUC, queries, seconds). With
-`--out`, the run joins the report's "#language-models" section
-(`privacylab.report.language.add_language_run`).
+Each finished attack is written to a result store (`--store`, default
+TARGET/lm-membership.sqlite) and a re-run reads it back. `--json` prints the membership run
+(schemas: target facts, reference facts, documents, per attack its metrics and ROC points, the
+attacks ordered by AUC, queries, how many attacks were read back, seconds). With `--out`, the
+run joins the report's "#language-models" section (`privacylab.report.language.add_language_run`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from privacylab.cli._common import (
 from privacylab.cli._reports import check_paths, print_summary
 from privacylab.cli.attack import attack_app
 from privacylab.errors import PrivacylabError
+
+STORE = "lm-membership.sqlite"
+"""Default result store, inside the target folder."""
 
 SUMMARY = (
     ("name", "attack"),
@@ -73,6 +77,15 @@ def attack_lm_membership_command(
         ),
     ] = 500,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the document sample.")] = 0,
+    store: Annotated[
+        Path | None,
+        typer.Option(
+            "--store",
+            help=f"Result store of finished attacks (default TARGET/{STORE}); a re-run resumes "
+            "from it.",
+            parser=_path_arg,
+        ),
+    ] = None,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
     out: Annotated[
         Path | None,
@@ -86,7 +99,7 @@ def attack_lm_membership_command(
 ) -> None:
     """Was a document in the training set? Score member documents (without planted strings)
     and held-out documents with each attack; report AUC, TPR at 1% and 0.1% FPR, advantage and
-    the ε lower bound on one metrics path."""
+    the ε lower bound on one metrics path. Finished attacks are stored; a re-run resumes."""
 
     def run() -> None:
         from privacylab.lm_membership import DEFAULT_ATTACKS, choose_attacks, run_lm_membership_job
@@ -109,6 +122,7 @@ def attack_lm_membership_command(
                 documents=documents,
                 seed=seed,
                 device=_device(device),
+                store=store if store is not None else target / STORE,
                 progress=stages,
             )
         if out is not None:
