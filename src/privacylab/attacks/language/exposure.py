@@ -317,13 +317,14 @@ def enumerate_values(
             )
             chunk = max(1, min(batch_size, _ROW_FLOATS // (rows.shape[1] * target.vocab_size)))
             for start in range(0, nodes, chunk):
-                dist = target.distributions(rows[start : start + chunk]).double().numpy()
+                dist = target.distributions(rows[start : start + chunk]).numpy()
                 if depth == 0 and start == 0 and lead == next(iter(leads)):
-                    picked = dist[0, np.arange(len(head) - 1), head[1:]]
+                    picked = dist[0, np.arange(len(head) - 1), head[1:]].astype(np.float64)
                     prefix_sum = float(picked.sum())
                 for k in members:
                     positions = stem - 1 + np.arange(width)
-                    step[start : start + chunk, k] = dist[:, positions, char_bytes[k]].sum(-1)
+                    picks = dist[:, positions, char_bytes[k]].astype(np.float64)
+                    step[start : start + chunk, k] = picks.sum(-1)
                 done += dist.shape[0]
                 if progress is not None:
                     progress(done, total)
