@@ -8,13 +8,15 @@ papers'.
         [--epsilon 8] [--dp-sizes medium [small]] [--documents N] [--seed 0]
 
 Steps (each one's result is kept under --out and skipped when present, so a killed run
-resumes where it stopped; the generation store keeps samples as they are produced):
+resumes where it stopped; the generation store keeps samples as they are produced), per
+target size (``--targets``: small, then medium, so that a complete result at the smaller size
+comes first; --quick: small only):
 
 1. corpus: `privacylab.data.corpus_build.build_corpus` (the default corpus; --quick: 600
    short documents, 3-digit secrets, fewer copies counts).
-2. models (`privacylab.lm.train_language_model`, the `privacylab lm train` job): tiny, small,
-   medium non-private; medium (and ``--dp-sizes``) with DP-SGD at ``--epsilon`` (ghost
-   clipping, PLD accountant, delta 1e-5) -> DIR/<size>, DIR/<size>-dp.
+2. models (`privacylab.lm.train_language_model`, the `privacylab lm train` job): the target's
+   smaller references and the target non-private, and the target with DP-SGD at ``--epsilon``
+   (ghost clipping, PLD accountant, delta 1e-5; ``--dp-sizes``) -> DIR/<size>, DIR/<size>-dp.
 3. extraction (`privacylab.lm_extract.run_lm_extraction`, Carlini et al. 2021, Sec. 5): on
    medium with references small and tiny, ``--samples`` samples per strategy (top-n,
    temperature, prefix), true memorised samples among the top 100 of each metric, printed
@@ -80,35 +82,25 @@ def corpus_config(args: argparse.Namespace) -> Any:
     return CorpusConfig(documents=args.documents or CorpusConfig().documents, seed=args.seed)
 
 
-def train_all(args: argparse.Namespace, out: Path, corpus: Any) -> dict[str, Any]:
-    sizes = ["tiny", "small"] if args.quick else ["tiny", "small", "medium"]
-    epochs = args.quick_epochs if args.quick else None
-    facts = {}
-    for size in sizes:
-        start = time.perf_counter()
-        facts[size] = train_folder(
-            out / size,
-            corpus,
-            size,
-            epochs=epochs,
-            seed=args.seed,
-            progress=stderr_progress(f"train {size}"),
-        )
-        facts[size]["wall_seconds"] = time.perf_counter() - start
-    for size in args.dp_sizes:
-        start = time.perf_counter()
-        name = f"{size}-dp"
-        facts[name] = train_folder(
-            out / name,
-            corpus,
-            size,
-            epsilon=args.epsilon,
-            epochs=epochs,
-            seed=args.seed,
-            progress=stderr_progress(f"train {name}"),
-        )
-        facts[name]["wall_seconds"] = time.perf_counter() - start
-    return facts
+def train(
+    args: argparse.Namespace, out: Path, corpus: Any, name: str, facts: dict[str, Any]
+) -> dict[str, Any]:
+    """The model folder `name` ("small", "medium-dp", ...) trained once (skipped when present)."""
+    if name in facts:
+        return facts[name]
+    size, private = name.removesuffix("-dp"), name.endswith("-dp")
+    start = time.perf_counter()
+    facts[name] = train_folder(
+        out / name,
+        corpus,
+        size,
+        epsilon=args.epsilon if private else None,
+        epochs=args.quick_epochs if args.quick else None,
+        seed=args.seed,
+        progress=stderr_progress(f"train {name}"),
+    )
+    facts[name]["wall_seconds"] = time.perf_counter() - start
+    return facts[name]
 
 
 def extraction(args: argparse.Namespace, out: Path, target: str, refs: list[str]) -> dict:
@@ -168,6 +160,12 @@ def _step(payload: dict[str, Any], name: str, compute: Any, *args: Any) -> dict[
     except ImportError as err:
         payload["missing"].append(f"{name}: {err}")
         log(f"{name}: skipped ({err})")
+        return None
+    except Exception as err:  # one failed step is reported; the others still run
+        import traceback
+
+        traceback.print_exc()
+        payload["missing"].append(f"{name}: failed: {type(err).__name__}: {err}")
         return None
     payload["seconds"][name] = time.perf_counter() - start
     log(f"{name}: {payload['seconds'][name]:.0f}s")
@@ -231,7 +229,23 @@ def summarise_exposure(runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+SMALLER = {"medium": ["small", "tiny"], "small": ["tiny"], "tiny": []}
+
+
+def _report(payload: dict[str, Any], out: Path, kind: str, run_: dict[str, Any]) -> None:
+    """Add the run to the report page in `out` at once (a killed run keeps what it showed)."""
+    try:
+        from privacylab.report.language import add_language_run
+    except ImportError as err:
+        payload["missing"].append(f"report: {err}")
+        return
+    payload["report"] = str(add_language_run(out, kind, run_))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Per target size (``--targets``, small then medium by default: a complete result at the
+    smaller size first), train its references, itself and its DP twin, then extraction on it,
+    exposure and membership on it and on its DP twin; every result cached under --out."""
     start = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -255,72 +269,44 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "canary_repeats": list(config.canary_repeats),
         "secret_length": config.secret_length,
     }
-    facts = _step(payload, "train", train_all, args, out, corpus)
-    if facts is None:
-        payload["seconds"]["total"] = time.perf_counter() - start
-        return payload
+    facts: dict[str, Any] = {}
     payload["models"] = facts
-    big = "small" if args.quick else "medium"
-    dp = f"{args.dp_sizes[0]}-dp" if args.dp_sizes else None
-    runs: dict[str, list[tuple[str, dict[str, Any]]]] = {
-        "extraction": [],
-        "exposure": [],
-        "membership": [],
-    }
-
-    refs = ["tiny"] if args.quick else ["small", "tiny"]
-    got = _step(payload, f"extraction {big}", extraction, args, out, big, refs)
-    if got is not None:
-        runs["extraction"].append((big, got))
-        payload["extraction"] = {big: summarise_extraction(got)}
-        if not args.quick:
-            got = _step(payload, "extraction small", extraction, args, out, "small", ["tiny"])
+    payload["extraction"], payload["exposure"], payload["membership"] = {}, {}, {}
+    payload["dp_cost"] = {}
+    exposures: dict[str, Any] = {}
+    for big in args.targets:
+        refs = SMALLER[big]
+        dp = f"{big}-dp" if big in args.dp_sizes else None
+        for name in [*reversed(refs), big, *([dp] if dp else [])]:
+            _step(payload, f"train {name}", train, args, out, corpus, name, facts)
+        got = _step(payload, f"extraction {big}", extraction, args, out, big, refs)
+        if got is not None:
+            payload["extraction"][big] = summarise_extraction(got)
+            _report(payload, out, "extraction", got)
+        for name in [big, *([dp] if dp else [])]:
+            got = _step(payload, f"exposure {name}", exposure, args, out, name)
             if got is not None:
-                runs["extraction"].append(("small", got))
-                payload["extraction"]["small"] = summarise_extraction(got)
-
-    exposures = {}
-    for name in [big] + ([dp] if dp else []):
-        got = _step(payload, f"exposure {name}", exposure, args, out, name)
-        if got is not None:
-            exposures[name] = got
-            runs["exposure"].append((name, got))
-    if exposures:
-        payload["exposure"] = summarise_exposure(exposures)
-    reference = "tiny" if args.quick else "small"
-    mias = {}
-    for name in [big] + ([dp] if dp else []):
-        got = _step(payload, f"membership {name}", membership, args, out, name, reference)
-        if got is not None:
-            mias[name] = got
-            runs["membership"].append((name, got))
-    if mias:
-        payload["membership"] = {
-            name: {
-                "order": run_["order"],
-                "auc": {a["name"]: a.get("auc") for a in run_["attacks"]},
-                "tpr_at_1pct_fpr": {
-                    a["name"]: a.get("tpr_at_1pct_fpr", a.get("tpr@1%")) for a in run_["attacks"]
-                },
+                exposures[name] = got
+                _report(payload, out, "exposure", got)
+            if refs:
+                got = _step(payload, f"membership {name}", membership, args, out, name, refs[0])
+                if got is not None:
+                    payload["membership"][name] = {
+                        "order": got["order"],
+                        "auc": {a["name"]: a.get("auc") for a in got["attacks"]},
+                        "tpr_at_1pct_fpr": {
+                            a["name"]: a.get("tpr_at_1pct_fpr", a.get("tpr@1%"))
+                            for a in got["attacks"]
+                        },
+                    }
+                    _report(payload, out, "membership", got)
+        if dp and dp in facts:
+            payload["dp_cost"][big] = {
+                "non_private": facts[big].get("perplexity"),
+                "dp": facts[dp].get("perplexity"),
+                "epsilon": facts[dp].get("epsilon"),
             }
-            for name, run_ in mias.items()
-        }
-    if dp and big in facts and dp in facts:
-        payload["dp_cost"] = {
-            "non_private": facts[big].get("perplexity"),
-            "dp": facts[dp].get("perplexity"),
-            "epsilon": facts[dp].get("epsilon"),
-        }
-    try:
-        from privacylab.report.language import add_language_run
-
-        page = None
-        for kind, items in runs.items():
-            for _, run_ in items:
-                page = add_language_run(out, kind, run_)
-        payload["report"] = str(page) if page else None
-    except ImportError as err:
-        payload["missing"].append(f"report: {err}")
+    payload["exposure"] = summarise_exposure(exposures)
     payload["seconds"]["total"] = time.perf_counter() - start
     return payload
 
@@ -384,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=None, help="samples per strategy")
     parser.add_argument("--top", type=int, default=100)
     parser.add_argument("--epsilon", type=float, default=8.0)
+    parser.add_argument("--targets", nargs="+", default=None, choices=["small", "medium"])
     parser.add_argument("--dp-sizes", nargs="*", default=None)
     parser.add_argument("--documents", type=int, default=None)
     parser.add_argument("--mia-documents", type=int, default=None)
@@ -397,8 +384,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out = args.out or str(root / ("lm-memorization-quick" if quick else "lm-memorization"))
     args.samples = args.samples or (200 if quick else 2000)
     args.mia_documents = args.mia_documents or (100 if quick else 500)
+    if args.targets is None:
+        args.targets = ["small"] if quick else ["small", "medium"]
     if args.dp_sizes is None:
-        args.dp_sizes = ["small"] if quick else ["medium"]
+        args.dp_sizes = list(args.targets)
     return finish(args, run, show)
 
 
