@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -270,8 +271,11 @@ def test_merge_replaces_by_folder_and_keeps_other_keys(tmp_path: Path) -> None:
     }
     write_report(tmp_path, other, {})
     add_language_run(tmp_path, "membership", membership_run("/a"))
-    add_language_run(tmp_path, "membership", membership_run("/b", shift=0.5))
+    add_language_run(tmp_path, "membership", membership_run(str(tmp_path / "b"), shift=0.5))
     add_language_run(tmp_path, "exposure", exposure_run("/a"))
+    relative = membership_run(os.path.relpath(tmp_path / "b"), shift=0.5)
+    (tmp_path / "b").mkdir()
+    add_language_run(tmp_path, "membership", {**relative, "target": {**relative["target"]}})
     before = {n: (tmp_path / n).stat().st_mtime_ns for n in (roc_image_name(0), roc_image_name(1))}
     first = (tmp_path / roc_image_name(0)).read_bytes()
     replaced = membership_run("/a", shift=3.0)
@@ -282,7 +286,10 @@ def test_merge_replaces_by_folder_and_keeps_other_keys(tmp_path: Path) -> None:
     for key, value in other.items():
         assert payload[key] == value
     block = payload["language"]
-    assert [r["target"]["folder"] for r in block["membership"]] == ["/a", "/b"]
+    assert [r["target"]["folder"] for r in block["membership"]] == [
+        "/a",
+        os.path.relpath(tmp_path / "b"),
+    ]  # the relative path to the same folder replaced the absolute one
     assert block["membership"][0] == json_ready(replaced)
     assert block["membership"][0]["attacks"][0]["auc"] > 0.95
     assert [r["target"]["folder"] for r in block["exposure"]] == ["/a"]

@@ -389,6 +389,19 @@ def _current_images(base: Path, block: Mapping[str, Any], changed: str) -> set[s
     }
 
 
+def _same_folder(stored: Any, folder: str) -> bool:
+    """Whether a stored run's target folder is `folder`: the same text, or the same directory
+    once both are resolved (a relative and an absolute path to one model)."""
+    if stored is None:
+        return False
+    if str(stored) == folder:
+        return True
+    try:
+        return os.path.realpath(str(stored)) == os.path.realpath(folder)
+    except (OSError, ValueError):
+        return False
+
+
 def _run_folder(run: Any) -> str:
     if not isinstance(run, Mapping):
         raise LanguageReportError(f"a language run must be a mapping, got {type(run).__name__}")
@@ -433,10 +446,12 @@ def add_language_run(folder: str | os.PathLike[str], kind: str, run: Mapping[str
     "membership") into the report in `folder` and rewrite it; return the page (index.html).
 
     Reads `folder/results.json` when present and keeps every other key of it; the run
-    replaces the run of ``payload["language"][kind]`` on the same ``run["target"]["folder"]``,
-    or is appended. The figures of every language run are redrawn, their names stored under
+    replaces the run of ``payload["language"][kind]`` on the same ``run["target"]["folder"]``
+    (the same text or the same resolved directory), or is appended. The figures the run
+    changes are redrawn (the others stay as they are on disk), their names stored under
     ``payload["language"]["images"]``, and `write_report` writes the folder. The run is made
     plain JSON first (`json_ready`), so what is on the page is what `results.json` holds.
+    Concurrent calls on one folder are serialised by a lock file (`.language.lock`).
     """
     if kind not in KINDS:
         raise LanguageReportError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -451,7 +466,7 @@ def add_language_run(folder: str | os.PathLike[str], kind: str, run: Mapping[str
         runs = list(mappings(block.get(kind)))
         for index, old in enumerate(runs):
             target = old.get("target")
-            if isinstance(target, Mapping) and str(target.get("folder")) == key:
+            if isinstance(target, Mapping) and _same_folder(target.get("folder"), key):
                 runs[index] = clean
                 break
         else:
