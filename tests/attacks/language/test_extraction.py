@@ -87,7 +87,7 @@ def trained() -> CausalLM:
     batch = ByteTokenizer().batch(MEMBERS, CONTEXT)
     x, y = batch[:, :-1], batch[:, 1:].masked_fill(batch[:, 1:] == 258, -100)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(250):
+    for _ in range(160):
         optimizer.zero_grad()
         loss = F.cross_entropy(model(x).transpose(1, 2), y, ignore_index=-100)
         loss.backward()

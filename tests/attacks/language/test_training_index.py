@@ -38,7 +38,7 @@ def test_suffix_array_is_the_sorted_suffixes(values: list[int]) -> None:
     assert suffix_array(np.asarray(values)).tolist() == expected
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(docs_strategy, st.text(alphabet=ALPHABET, min_size=1, max_size=5))
 def test_k_counts_distinct_documents(docs: list[str], s: str) -> None:
     index = TrainingIndex(docs)
@@ -47,7 +47,7 @@ def test_k_counts_distinct_documents(docs: list[str], s: str) -> None:
     assert index.occurs(s) == any(s in d for d in docs)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(docs_strategy, st.text(alphabet=ALPHABET, max_size=16))
 def test_longest_match_is_the_longest_common_substring(docs: list[str], text: str) -> None:
     start, end = TrainingIndex(docs).longest_match(text)
