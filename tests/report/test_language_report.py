@@ -305,6 +305,26 @@ def test_merge_replaces_by_folder_and_keeps_other_keys(tmp_path: Path) -> None:
     assert "earlier run" in page.read_text(encoding="utf-8")
 
 
+def _add_bare_runs(folder: str, worker: int) -> None:
+    for i in range(4):
+        add_language_run(folder, "membership", {"target": {"folder": f"/w{worker}/{i}"}})
+
+
+def test_concurrent_writers_lose_no_run(tmp_path: Path) -> None:
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_add_bare_runs, args=(str(tmp_path), w)) for w in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+        assert worker.exitcode == 0
+    payload = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    folders = sorted(r["target"]["folder"] for r in payload["language"]["membership"])
+    assert folders == sorted(f"/w{w}/{i}" for w in range(4) for i in range(4))
+
+
 def test_json_round_trip(tmp_path: Path) -> None:
     run = extraction_run()
     run["seconds"] = np.float32(2.5)
