@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mia-documents", type=int, default=None)
     parser.add_argument("--exposure-method", default="auto")
     parser.add_argument("--enumerate-limit", type=int, default=10**5)
-    parser.add_argument("--quick-epochs", type=int, default=None)
+    parser.add_argument("--quick-epochs", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     quick = args.quick
