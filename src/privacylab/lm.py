@@ -94,6 +94,10 @@ DP_CLIP = 0.5
 
 ACCOUNTANT = "pld"
 
+EVAL_DOCUMENTS = 250
+"""At most this many held-out documents (evenly spaced) are the trainer's per-epoch evaluation
+data; the final perplexities use all of them."""
+
 
 class LMError(PrivacylabError, ValueError):
     """A bad language-model option or model folder; the message is one line."""
@@ -268,10 +272,11 @@ def train_language_model(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Train a GPT of `config.size` on `corpus`'s member documents and write the model folder
-    `out` (module docstring); returns its metadata["language"]. The held-out documents are the
-    trainer's evaluation data. The trainer checkpoints after each epoch in `out/checkpoint`: a
-    killed run re-run with the same corpus, configuration and `out` resumes to the same weights
-    (and ε). `progress(stage, done, total)` is called after each epoch."""
+    `out` (module docstring); returns its metadata["language"]. Up to `EVAL_DOCUMENTS` held-out
+    documents are the trainer's per-epoch evaluation data. The trainer checkpoints after each
+    epoch in `out/checkpoint`: a killed run re-run with the same corpus, configuration and
+    `out` resumes to the same weights (and ε). `progress(stage, done, total)` is called after
+    each epoch."""
     if not isinstance(corpus, Corpus):
         raise LMError(f"train_language_model needs a Corpus, got {type(corpus).__name__}")
     config = config.validate()
@@ -289,7 +294,8 @@ def train_language_model(
     members, heldout = corpus.member_indices, corpus.heldout_indices
     try:
         x, y = lm_examples(corpus, members)
-        eval_data = lm_examples(corpus, heldout) if len(heldout) else None
+        watched = heldout[:: max(1, math.ceil(len(heldout) / EVAL_DOCUMENTS))]
+        eval_data = lm_examples(corpus, watched) if len(watched) else None
     except DataError as error:
         raise LMError(str(error)) from None
     if train_config.privacy is not None and full.batch_size > len(members):  # type: ignore[operator]
