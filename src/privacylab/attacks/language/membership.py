@@ -165,11 +165,9 @@ class LMMembershipAttack(LanguageAttack):
         if not isinstance(task, LMMembershipTask):
             raise LanguageError(f"{self.name}: needs an LMMembershipTask")
         main = task.scores(target, batch_size=self.batch_size)
-        lower = (
-            task.scores(target, "lowercase", batch_size=self.batch_size)
-            if ("lowercase" in self.needs)
-            else None
-        )
+        lower = None
+        if "lowercase" in self.needs:
+            lower = task.scores(target, "lowercase", batch_size=self.batch_size)
         details: dict[str, Any] = {}
         reference = None
         if "reference" in self.needs:
