@@ -193,7 +193,7 @@ class SecretSharer(LanguageAttack):
         self.progress = progress
 
     def method_for(self, fmt: CanaryFormat) -> str:
-        """ "enumerate" or "extrapolate" for `fmt` under this configuration."""
+        """The method `fmt` gets under this configuration: enumerate or extrapolate."""
         if self.method != "auto":
             return self.method
         return "enumerate" if fmt.space_size <= self.enumerate_limit else "extrapolate"
