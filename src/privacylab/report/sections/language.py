@@ -141,7 +141,8 @@ SUMMARY_COLUMNS: tuple[tuple[str, str, str], ...] = (
      "and metric)"),
     ("records", "records extracted", "planted records found in true memorised samples"),
     ("begins", "extraction from k", "fewest copies of a record that was extracted"),
-    ("exposure", "max exposure", "largest canary exposure (bits), of log2|R| possible"),
+    ("exposure", "exposure", "mean exposure (bits) of the canaries inserted most often, of "
+     "log2|R| possible (×: insertions)"),
     ("auc", "best MIA AUC", "best membership attack's AUC"),
     ("tpr", "best TPR@1% FPR", "best membership attack's TPR at 1% FPR"),
 )  # fmt: skip
@@ -181,9 +182,18 @@ def _summary(runs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         row["begins"] = number(extraction.get("extraction_begins_at"))
     exposure = runs.get("exposure")
     if exposure is not None:
-        canaries = [c for c in mappings(exposure.get("canaries")) if not c.get("user")]
-        row["exposure"] = _best([number(c.get("exposure")) for c in canaries])
-        row["space"] = _best([number(c.get("space_bits")) for c in canaries])
+        canaries = [
+            (number(c.get("repeats")), number(c.get("exposure")), number(c.get("space_bits")))
+            for c in mappings(exposure.get("canaries"))
+            if not c.get("user")
+        ]
+        canaries = [c for c in canaries if c[0] is not None and c[1] is not None]
+        if canaries:
+            most = max(c[0] for c in canaries)
+            chosen = [c for c in canaries if c[0] == most]
+            row["exposure"] = sum(c[1] for c in chosen) / len(chosen)
+            row["repeats"] = most
+            row["space"] = _best([c[2] for c in chosen])
     membership = runs.get("membership")
     if membership is not None:
         attacks = mappings(membership.get("attacks"))
@@ -195,7 +205,8 @@ def _summary(runs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 def summary_table(block: Mapping[str, Any]) -> str:
     """One row per model folder over every kind of run: its facts and the headline of each
     measurement (most memorised samples, records extracted, the fewest copies extracted, the
-    largest exposure, the best membership AUC and TPR at 1% FPR); "—" where a kind has no run."""
+    mean exposure of the most inserted canaries, the best membership AUC and TPR at 1% FPR);
+    "—" where a kind has no run."""
     order: list[str] = []
     targets: dict[str, Mapping[str, Any]] = {}
     runs: dict[str, dict[str, Mapping[str, Any]]] = {}
@@ -223,7 +234,9 @@ def summary_table(block: Mapping[str, Any]) -> str:
             num_cell(target.get("parameters"), fmt_int(target.get("parameters"))),
             num_cell(
                 float("inf") if epsilon is None else epsilon,
-                "∞" if epsilon is None else epsilon_label(epsilon),
+                ("DP" if target.get("private") else "∞")
+                if epsilon is None
+                else epsilon_label(epsilon),
             ),
             num_cell(perplexity.get("members"), fmt(perplexity.get("members"), 2)),
             num_cell(perplexity.get("heldout"), fmt(perplexity.get("heldout"), 2)),
@@ -237,7 +250,9 @@ def summary_table(block: Mapping[str, Any]) -> str:
                 exposure,
                 MISSING
                 if exposure is None
-                else f"{exposure:.2f}" + (f" / {space:.1f}" if space is not None else ""),
+                else f"{exposure:.2f}"
+                + (f" / {space:.1f}" if space is not None else "")
+                + f" (×{int(row['repeats'])})",
             ),
             num_cell(row.get("auc")),
             num_cell(row.get("tpr")),
