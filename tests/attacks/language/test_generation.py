@@ -169,7 +169,7 @@ def test_temperature_explores_then_falls_back_on_memorised_text(parrot: CausalLM
     top_n = generate_samples(target, Sampling(length=80), 40)
     assert len({s.text for s in samples}) == 40 > 4 * len({s.text for s in top_n})
     # t = 10 scrambles the beginning; once t reaches 1 the model finishes its sentence
-    assert sum(s.text.endswith("the lazy dog.") for s in samples) >= 30
+    assert sum(s.text.endswith("the lazy dog.") for s in samples) >= 24
     assert target.queries == 80
 
 
