@@ -13,7 +13,8 @@ plain top-n sampling (Sec. 4.1, n = 40) in two ways, and all three are `STRATEGI
   softmax(log p / t) equals softmax(z / t), so the served distribution is enough;
 - "prefix": condition on short snippets of public text (Sec. 5.1.2, "Conditioning on Internet
   text"): each sample starts from BOS + the first p bytes (p uniform in `prefix_tokens`) of a
-  random public document, then top-n sampling.
+  random public document (all of it if shorter), then top-n sampling; the prefixes of one
+  call are forced through the chooser token by token, so prefixes of different p share a call.
 
 Every generation is one query of the target per sample (`LanguageTarget.sample`). Batches are
 seeded from (seed, batch index) and written to a `ResultStore` as each finishes, so a killed run
