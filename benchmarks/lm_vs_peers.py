@@ -28,10 +28,11 @@ c. Time per 1,000 generated samples of 127 tokens (top-40, from BOS) for the tin
    that re-runs the whole prefix at every step (`_language.peer_generate`, what a generate
    without cache does); the peer is timed on ``--peer-samples`` and scaled to 1,000.
 
-Models: ``--models DIR`` takes DIR/medium (target) and DIR/small (reference), as
-`benchmarks/lm_memorization.py --out DIR` leaves them; otherwise a tiny target and a tiny
-reference (another seed) are trained once under runs/bench-cache/lm_vs_peers/ on a corpus
-with 4-digit secrets (10^4 candidates each).
+Models: the real canary set comes from a tiny model trained once under
+runs/bench-cache/lm_vs_peers*/ on 600 documents whose canaries have 4-digit secrets (10^4
+candidates each, all enumerated). The ranking uses ``--models DIR``'s medium and small (or
+small and tiny) folders, by default those `benchmarks/lm_memorization.py` leaves in
+runs/lm-memorization when present, else that tiny model and a tiny reference (another seed).
 """
 
 from __future__ import annotations
@@ -332,31 +333,50 @@ def generation_times(
 # ---------------------------------------------------------------------------------------------
 
 
-def model_folders(args: argparse.Namespace) -> tuple[Path, Path]:
-    """(target, reference) folders: --models DIR's medium/small, else tiny models trained once
-    under runs/bench-cache/lm_vs_peers/."""
-    if args.models:
-        root = Path(args.models)
-        return root / "medium", root / "small"
+MEMORIZATION_OUT = BENCH_CACHE.parent / "lm-memorization"
+"""Where `benchmarks/lm_memorization.py` keeps its model folders by default."""
+
+
+def canary_model(args: argparse.Namespace) -> Path:
+    """A tiny model trained once (runs/bench-cache/lm_vs_peers*/target) on a corpus of 600
+    documents whose canaries have 4-digit secrets (10^4 candidates: every one enumerated)."""
     from privacylab.data.corpus_build import CorpusConfig, build_corpus
 
     root = BENCH_CACHE / ("lm_vs_peers-quick" if args.quick else "lm_vs_peers")
-    if args.quick:
-        config = CorpusConfig(
-            documents=600,
-            record_copies=(1, 4, 16, 32),
-            records_per_count=2,
-            canary_repeats=(0, 1, 8, 32),
-            secret_length=4,
-            seed=args.seed,
-        )
-    else:
-        config = CorpusConfig(secret_length=4, seed=args.seed)
-    corpus = build_corpus(config)
-    epochs = 8 if args.quick else None
-    train_folder(root / "target", corpus, "tiny", epochs=epochs, seed=args.seed)
-    train_folder(root / "reference", corpus, "tiny", epochs=epochs, seed=args.seed + 1)
-    return root / "target", root / "reference"
+    config = CorpusConfig(
+        documents=600,
+        record_copies=(1, 4, 16, 32),
+        records_per_count=2,
+        canary_repeats=(0, 1, 8, 32),
+        secret_length=4,
+        seed=args.seed,
+    )
+    train_folder(
+        root / "target",
+        build_corpus(config),
+        "tiny",
+        epochs=8 if args.quick else None,
+        seed=args.seed,
+    )
+    return root / "target"
+
+
+def ranking_models(args: argparse.Namespace, canary_dir: Path) -> tuple[Path, Path]:
+    """(target, reference) of the ranking comparison: ``--models DIR``'s medium and small (or
+    small and tiny), by default those of runs/lm-memorization when trained, else the canary
+    model and a tiny reference trained with another seed on its corpus."""
+    root = Path(args.models) if args.models else MEMORIZATION_OUT
+    for target, reference in (("medium", "small"), ("small", "tiny")):
+        if (root / target / "model.json").exists() and (root / reference / "model.json").exists():
+            return root / target, root / reference
+    if args.models:
+        raise SystemExit(f"error: {root} holds no trained medium+small or small+tiny folders")
+    from privacylab.lm import load_language_model
+
+    corpus = load_language_model(canary_dir).corpus
+    reference = canary_dir.parent / "reference"
+    train_folder(reference, corpus, "tiny", epochs=8 if args.quick else None, seed=args.seed + 1)
+    return canary_dir, reference
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -374,17 +394,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         except ImportError as err:
             missing.append(f"exposure (synthetic): {err}")
     try:
-        target_dir, reference_dir = model_folders(args)
+        canary_dir = canary_model(args)
     except ImportError as err:
         missing.append(f"trained models: {err}")
-        target_dir = reference_dir = None
-    if target_dir is not None and tf is not None:
+        canary_dir = None
+    if canary_dir is not None and tf is not None:
         try:
-            payload["exposure_real"] = real_exposure(tf, target_dir, args.extrapolation, args.seed)
+            payload["exposure_real"] = real_exposure(tf, canary_dir, args.extrapolation, args.seed)
         except ImportError as err:
             missing.append(f"exposure (real canaries): {err}")
-    if target_dir is not None:
+    if canary_dir is not None:
         try:
+            target_dir, reference_dir = ranking_models(args, canary_dir)
             payload["ranking"] = ranking_vs_lm_memorization(
                 target_dir, reference_dir, args.samples, args.seed, args.top
             )
