@@ -282,11 +282,14 @@ def test_bad_configurations_are_refused(config: LMConfig, error: type, match: st
         config.validate()
 
 
-def test_bad_input_is_refused(tmp_path: Path, corpus: Corpus) -> None:
+def test_bad_input_is_refused(tmp_path: Path, corpus: Corpus, trained: tuple[Path, dict]) -> None:
+    trained_folder = trained[0]
     with pytest.raises(LMError, match="exceeds the 24 member documents"):
         train_language_model(corpus, LMConfig(size="tiny", epsilon=8.0), tmp_path / "a")
     with pytest.raises(LMError, match="needs a Corpus"):
         train_language_model(corpus.documents, CONFIG, tmp_path / "b")  # type: ignore[arg-type]
+    with pytest.raises(LMError, match="holds a model of another corpus"):
+        train_language_model(_corpus(seed=1), CONFIG, trained_folder)
     with pytest.raises(LMError, match="no language-model folder"):
         load_language_model(tmp_path / "missing")
     mlp = ModelSpec("mlp", (4,), 2, {})

@@ -269,6 +269,23 @@ def _parameters(model: nn.Module) -> int:
 Progress = Callable[[str, float, float], None]
 
 
+def _claim(folder: Path, corpus: Corpus) -> None:
+    """Write `folder/corpus.json` before training, so that a re-run (which resumes from the
+    checkpoint) is refused when it brings another corpus."""
+    path = folder / CORPUS_FILE
+    if path.is_file():
+        try:
+            same = load_corpus(path).to_dict() == corpus.to_dict()
+        except DataError:
+            same = False
+        if not same:
+            raise LMError(
+                f"{folder} holds a model of another corpus; use another output folder or delete it"
+            )
+        return
+    corpus.save(folder)
+
+
 def train_language_model(
     corpus: Corpus,
     config: LMConfig,
@@ -315,6 +332,7 @@ def train_language_model(
         if progress is not None:
             progress(stage, float(record.epoch), float(epochs))
 
+    _claim(folder, corpus)
     start = time.perf_counter()
     if progress is not None:
         progress(stage, 0.0, float(epochs))
@@ -358,7 +376,6 @@ def train_language_model(
             for r in result.history
         ],
     }
-    corpus.save(folder)
     save_model(trained.cpu(), folder, spec, metadata={"language": language})
     return language
 
