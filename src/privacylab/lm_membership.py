@@ -117,10 +117,17 @@ def membership_documents(
 
 def roc_points(scores: np.ndarray, membership: np.ndarray, most: int = ROC_POINTS) -> dict:
     """The ROC curve of `scores` (`privacylab.stats.roc.roc_curve`) thinned to at most `most`
-    points evenly spaced along the curve, its first (0, 0) and last (1, 1) kept."""
+    of its points: half evenly spaced along the curve, half geometrically spaced from its start
+    (the low-FPR region that a log-log ROC shows, Carlini et al. 2022, Sec. 4), its first (0, 0)
+    and last (1, 1) kept."""
     fpr, tpr, _ = roc_curve(scores, membership)
     if fpr.size > most:
-        keep = np.unique(np.round(np.linspace(0, fpr.size - 1, most)).astype(int))
+        last = fpr.size - 1
+        even = np.linspace(0, last, most // 2)
+        early = np.geomspace(1, last, most - most // 2)
+        keep = np.unique(np.round(np.r_[0, even, early]).astype(int))[:most]
+        if keep[-1] != last:
+            keep[-1] = last
         fpr, tpr = fpr[keep], tpr[keep]
     return {"fpr": [float(x) for x in fpr], "tpr": [float(x) for x in tpr]}
 

@@ -269,7 +269,8 @@ def test_roc_points_thin_to_at_most_200_and_keep_the_ends() -> None:
     truth = rng.integers(0, 2, 2000)
     points = roc_points(scores, truth)
     fpr, tpr, _ = roc_curve(scores, truth)
-    assert len(points["fpr"]) == 200 and fpr.size > 200
+    assert 150 <= len(points["fpr"]) <= 200 and fpr.size > 200
+    assert points["fpr"][:11] == fpr[:11].tolist() and points["tpr"][:11] == tpr[:11].tolist()
     assert (points["fpr"][0], points["tpr"][0]) == (0.0, 0.0)
     assert (points["fpr"][-1], points["tpr"][-1]) == (1.0, 1.0)
     assert np.all(np.diff(points["fpr"]) >= 0)
