@@ -95,7 +95,7 @@ def train(
         corpus,
         size,
         epsilon=args.epsilon if private else None,
-        epochs=args.quick_epochs if args.quick else None,
+        epochs=args.quick_epochs if args.quick else (args.dp_epochs if private else None),
         seed=args.seed,
         progress=stderr_progress(f"train {name}"),
     )
@@ -377,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exposure-method", default="auto")
     parser.add_argument("--enumerate-limit", type=int, default=10**5)
     parser.add_argument("--quick-epochs", type=int, default=8)
+    parser.add_argument(
+        "--dp-epochs", type=int, default=None, help="DP epochs (default: privacylab.lm's)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     quick = args.quick
