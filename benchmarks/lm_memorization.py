@@ -277,13 +277,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for big in args.targets:
         refs = SMALLER[big]
         dp = f"{big}-dp" if big in args.dp_sizes else None
-        for name in [*reversed(refs), big, *([dp] if dp else [])]:
+        for name in [*reversed(refs), big]:
             _step(payload, f"train {name}", train, args, out, corpus, name, facts)
         got = _step(payload, f"extraction {big}", extraction, args, out, big, refs)
         if got is not None:
             payload["extraction"][big] = summarise_extraction(got)
             _report(payload, out, "extraction", got)
         for name in [big, *([dp] if dp else [])]:
+            if name == dp:
+                _step(payload, f"train {name}", train, args, out, corpus, name, facts)
             got = _step(payload, f"exposure {name}", exposure, args, out, name)
             if got is not None:
                 exposures[name] = got
