@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import subprocess
 import sys
 import time
@@ -221,6 +222,25 @@ def size_options(size: str) -> dict[str, int]:
     return dict(SIZES[size])
 
 
+TRAINER_PID = "trainer.pid"
+"""File naming the process that trains a model folder (another benchmark process waits)."""
+
+
+def _wait_for_other_trainer(folder: Path) -> None:
+    """Wait while another live process trains `folder` (its pid in `TRAINER_PID`)."""
+    lock = folder / TRAINER_PID
+    while lock.exists() and not (folder / "model.json").exists():
+        try:
+            pid = int(lock.read_text())
+            if pid == os.getpid():
+                return
+            os.kill(pid, 0)
+        except (ValueError, ProcessLookupError, FileNotFoundError):
+            return
+        log(f"{folder}: process {pid} is training it; waiting")
+        time.sleep(15)
+
+
 def train_folder(
     folder: Path,
     corpus: Any,
@@ -236,7 +256,10 @@ def train_folder(
     skips it; a killed training resumes from its checkpoint). Returns the target facts."""
     from privacylab.lm import LMConfig, target_facts, train_language_model
 
+    _wait_for_other_trainer(folder)
     if not (folder / "model.json").exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / TRAINER_PID).write_text(str(os.getpid()))
         log(
             f"training {size} {'non-private' if epsilon is None else f'DP eps={epsilon}'} "
             f"-> {folder}"
@@ -245,6 +268,7 @@ def train_folder(
         config = LMConfig(size=size, epsilon=epsilon, epochs=epochs, seed=seed)
         train_language_model(corpus, config, folder, progress=progress)
         log(f"  trained in {time.perf_counter() - start:.0f}s")
+        (folder / TRAINER_PID).unlink(missing_ok=True)
     else:
         log(f"{folder}: trained model found, skipped")
     return target_facts(folder)
