@@ -263,6 +263,9 @@ def test_defaults_follow_the_privacy() -> None:
     assert plain.batch_size == 64 and plain.epochs and plain.lr
     assert dp.batch_size == DP_BATCH > plain.batch_size and dp.lr > plain.lr  # type: ignore[operator]
     assert LMConfig(epsilon=8.0, batch_size=32).resolved().batch_size == 32
+    assert LMConfig(epsilon=8.0).resolved(members=200).batch_size == 66
+    assert LMConfig(epsilon=8.0).resolved(members=3000).batch_size == DP_BATCH
+    assert LMConfig().resolved(members=200).batch_size == 64
     assert LMConfig(epsilon=8.0).train_config().privacy.clipping == "ghost"  # type: ignore[union-attr]
 
 
@@ -284,8 +287,9 @@ def test_bad_configurations_are_refused(config: LMConfig, error: type, match: st
 
 def test_bad_input_is_refused(tmp_path: Path, corpus: Corpus, trained: tuple[Path, dict]) -> None:
     trained_folder = trained[0]
-    with pytest.raises(LMError, match="exceeds the 24 member documents"):
-        train_language_model(corpus, LMConfig(size="tiny", epsilon=8.0), tmp_path / "a")
+    too_large = LMConfig(size="tiny", epsilon=8.0, batch_size=25)
+    with pytest.raises(LMError, match="batch size 25 exceeds the 24 member documents"):
+        train_language_model(corpus, too_large, tmp_path / "a")
     with pytest.raises(LMError, match="needs a Corpus"):
         train_language_model(corpus.documents, CONFIG, tmp_path / "b")  # type: ignore[arg-type]
     with pytest.raises(LMError, match="holds a model of another corpus"):

@@ -146,9 +146,11 @@ class LMConfig:
         """The model's {dim, heads, blocks}: the size's, overridden by `options`."""
         return {**SIZES[self.size], **self.options}
 
-    def resolved(self) -> LMConfig:
-        """This configuration with every default filled in."""
+    def resolved(self, members: int | None = None) -> LMConfig:
+        """This configuration with every default filled in; with `members` (the number of
+        training documents) the default DP batch is at most a third of them (q <= 1/3)."""
         dp = self.private
+        dp_batch = DP_BATCH if members is None else max(1, min(DP_BATCH, members // 3))
         return replace(
             self,
             epochs=self.epochs
@@ -156,18 +158,19 @@ class LMConfig:
             else (DP_EPOCHS if dp else EPOCHS)[self.size],
             batch_size=self.batch_size
             if self.batch_size is not None
-            else (DP_BATCH if dp else BATCH),
+            else (dp_batch if dp else BATCH),
             lr=self.lr if self.lr is not None else (DP_LR if dp else LR),
             max_grad_norm=self.max_grad_norm
             if self.max_grad_norm is not None
             else (DP_CLIP if dp else 1.0),
         )
 
-    def train_config(self) -> TrainConfig:
-        """The trainer's configuration (Adam; DP-SGD with ghost clipping when private)."""
+    def train_config(self, members: int | None = None) -> TrainConfig:
+        """The trainer's configuration (Adam; DP-SGD with ghost clipping when private) for
+        `members` training documents (see `resolved`)."""
         if self.size not in SIZES:
             raise LMError(f"unknown model size {self.size!r}; choose one of {', '.join(SIZES)}")
-        full = self.resolved()
+        full = self.resolved(members)
         privacy = None
         if self.private:
             privacy = PrivacyConfig(
@@ -302,8 +305,9 @@ def train_language_model(
     if not isinstance(corpus, Corpus):
         raise LMError(f"train_language_model needs a Corpus, got {type(corpus).__name__}")
     config = config.validate()
-    full = config.resolved()
-    train_config = config.train_config()
+    members, heldout = corpus.member_indices, corpus.heldout_indices
+    full = config.resolved(len(members))
+    train_config = config.train_config(len(members))
     context = int(corpus.context)
     if context < 3:
         raise LMError(f"the corpus context must be at least 3 tokens, got {context}")
@@ -311,9 +315,7 @@ def train_language_model(
     if options["dim"] % options["heads"]:
         raise LMError(f"gpt dim {options['dim']} must be divisible by heads {options['heads']}")
     spec = ModelSpec("gpt", (context,), VOCAB_SIZE, options)
-    torch.manual_seed(config.seed)
     model = spec.build(seed=config.seed)
-    members, heldout = corpus.member_indices, corpus.heldout_indices
     try:
         x, y = lm_examples(corpus, members)
         watched = heldout[:: max(1, math.ceil(len(heldout) / EVAL_DOCUMENTS))]
