@@ -233,7 +233,9 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: Path, corpus: Corpus
     class Killed(BaseException):
         pass
 
-    config = LMConfig(size="tiny", epochs=3, batch_size=8, lr=1e-2, epsilon=8.0, seed=3)
+    config = LMConfig(
+        size="tiny", epochs=3, batch_size=8, lr=1e-2, epsilon=8.0, seed=3, accountant="rdp"
+    )
 
     def kill(stage: str, done: float, total: float) -> None:
         if done == 2:
@@ -249,6 +251,7 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: Path, corpus: Corpus
     assert epochs == [0, 2, 3]
     whole = train_language_model(corpus, config, tmp_path / "whole")
     assert resumed["epsilon"] == whole["epsilon"] and resumed["steps"] == whole["steps"]
+    assert resumed["accountant"] == "rdp" and resumed["epsilon"] <= 8.0
     a = load_language_model(tmp_path / "killed").model.state_dict()
     b = load_language_model(tmp_path / "whole").model.state_dict()
     for name in b:
@@ -278,6 +281,7 @@ def test_defaults_follow_the_privacy() -> None:
         (LMConfig(epsilon=0.0), TrainingError, "epsilon"),
         (LMConfig(epsilon=8.0, delta=2.0), TrainingError, "delta"),
         (LMConfig(options={"depth": 2}), LMError, "unknown gpt option"),
+        (LMConfig(epsilon=1.0, accountant="nope"), LMError, "unknown accountant 'nope'"),
     ],
 )
 def test_bad_configurations_are_refused(config: LMConfig, error: type, match: str) -> None:

@@ -112,7 +112,8 @@ class LMError(PrivacylabError, ValueError):
 class LMConfig:
     """How to train a language model. `epochs`, `lr`, `batch_size` and `max_grad_norm` None take
     the defaults of the size and of the privacy (non-private or DP, see the module constants);
-    `epsilon` None trains non-privately, else DP-SGD to (`epsilon`, `delta`)."""
+    `epsilon` None trains non-privately, else DP-SGD to (`epsilon`, `delta`) as bounded by
+    `accountant` (privacylab.accounting's names: "pld" by default, "rdp", ...)."""
 
     size: str = "small"
     epochs: int | None = None
@@ -121,6 +122,7 @@ class LMConfig:
     epsilon: float | None = None
     delta: float = 1e-5
     max_grad_norm: float | None = None
+    accountant: str = ACCOUNTANT
     seed: int = 0
     device: str = "cpu"
     options: dict[str, int] = field(default_factory=dict)
@@ -134,6 +136,13 @@ class LMConfig:
         """Check every option; LMError or TrainingError with one line for the first bad one."""
         if self.size not in SIZES:
             raise LMError(f"unknown model size {self.size!r}; choose one of {', '.join(SIZES)}")
+        from privacylab.accounting import make_accountant
+
+        if self.private:
+            try:
+                make_accountant(self.accountant)
+            except PrivacylabError as error:
+                raise LMError(str(error)) from None
         for key, value in self.options.items():
             if key not in ("dim", "heads", "blocks"):
                 raise LMError(f"unknown gpt option {key!r}; allowed: dim, heads, blocks")
@@ -179,7 +188,7 @@ class LMConfig:
                 max_grad_norm=full.max_grad_norm,  # type: ignore[arg-type]
                 clipping="ghost",
                 sampling="poisson",
-                accountant=ACCOUNTANT,
+                accountant=full.accountant,
             )
         return TrainConfig(
             epochs=full.epochs,  # type: ignore[arg-type]
