@@ -73,15 +73,16 @@ SIZES: dict[str, dict[str, int]] = {
 context of 128: tiny 33,699 parameters, small 286,147, medium 1,341,059."""
 
 EPOCHS: dict[str, int] = {"tiny": 20, "small": 12, "medium": 12}
-"""Non-private default epochs per size. Calibrated on the 2-core CPU of issue 15 on the default
-corpus (1,000 member documents, context 128): one epoch (training + the trainer's evaluation)
-costs about 2 / 10 / 27 CPU-seconds on one core for tiny / small / medium, so the defaults take
-about 0.7 / 2 / 5.5 minutes on one core (less on two)."""
+"""Non-private default epochs per size. Measured on the 2-core CPU of issue 15 (one thread,
+the machine shared) on the default corpus (1,000 member documents, context 128): tiny 52,
+small 136, medium 422 CPU-seconds in all (training and the trainer's per-epoch evaluation),
+perplexity members / held-out 8.4 / 15.2, 4.7 / 13.3 and 3.0 / 13.5; medium's planted records
+with >= 8 copies reach 1.06-1.56 per-token perplexity (1 copy: 2.6)."""
 
 DP_EPOCHS: dict[str, int] = {"tiny": 20, "small": 12, "medium": 12}
 """Private default epochs per size. Li et al. 2022 (Sec. 3) train longer under DP; a DP epoch of
-medium costs ~36 CPU-seconds (ghost clipping), so the issue's experiment keeps the same number
-of epochs as non-private training to fit its 30 minutes: pass `epochs` for more."""
+medium costs ~45 CPU-seconds (ghost clipping; ~35 non-private), so the issue's experiment keeps
+the number of epochs of non-private training to fit its 30 minutes: pass `epochs` for more."""
 
 LR = 2e-3
 """Adam's default learning rate, non-private."""
