@@ -110,13 +110,34 @@ def brute_force(target: LanguageTarget, fmt: CanaryFormat) -> np.ndarray:
     ],
 )
 def test_tree_enumeration_equals_brute_force(fmt: CanaryFormat, inner: int) -> None:
+    """The cached walk, the same walk on a model without `step` (each row re-run) and brute
+    force agree; both walks are billed what the uncached `distributions` rows would cost."""
     target = random_target()
     values = enumerate_values(target, fmt, batch_size=7)
-    queries = target.queries
+    queries, served = target.queries, target.tokens_served
     oracle = brute_force(target, fmt)
     np.testing.assert_allclose(values, oracle, rtol=0, atol=2e-6)
     assert np.array_equal(np.argsort(values, kind="stable"), np.argsort(oracle, kind="stable"))
     assert queries == inner + (fmt.space_size if fmt.suffix else 0)
+    width, head = len(fmt.alphabet[0].encode()), 1 + len(fmt.prefix.encode())
+    rows = {d: len(fmt.alphabet) ** d * len({c.encode()[:-1] for c in fmt.alphabet})
+            for d in range(fmt.length)}  # fmt: skip
+    expected = sum(n * (head + d * width + width - 1) for d, n in rows.items())
+    if fmt.suffix:
+        expected += fmt.space_size * (head + fmt.length * width + len(fmt.suffix.encode()) - 1)
+    assert served == expected
+
+    class ForwardOnly(torch.nn.Module):
+        def __init__(self, model: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner, self.max_len = model, model.max_len
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.inner(tokens)
+
+    plain = LanguageTarget(ForwardOnly(target._model), "scores", VOCAB_SIZE)
+    np.testing.assert_allclose(enumerate_values(plain, fmt, batch_size=5), values, atol=2e-6)
+    assert (plain.queries, plain.tokens_served) == (queries, served)
 
 
 def test_tree_enumeration_equals_brute_force_on_the_trained_model(folder: Path) -> None:

@@ -8,10 +8,12 @@ Enumeration walks the candidate tree (Sec. 4.3, "Efficiently computing exposure"
 uses a shortest-path search over the same tree): every candidate shares the prefix, so a
 candidate's log-perplexity is -(prefix + secret + suffix token log-probs) / n with one n for
 all. The secret's log-prob is the sum, along its path, of one next-token distribution per tree
-node: querying `target.distributions` once on `BOS + prefix + partial secret` for each of the
-|A|^0 + ... + |A|^(L-1) inner nodes (one query each) scores all |A|^L leaves, about |A|-1
-times fewer forward passes than scoring |A|^L full texts. A non-empty suffix still needs the
-leaves scored (|A|^L queries more: the suffix depends on the whole secret). Values equal
+node: one query (a `distributions` row `BOS + prefix + partial secret`) for each of the
+|A|^0 + ... + |A|^(L-1) inner nodes scores all |A|^L leaves, about |A|-1 times fewer queries
+than scoring |A|^L full texts. A non-empty suffix still needs the leaves scored (|A|^L
+queries more: the suffix depends on the whole secret). The server side of the walk keeps each
+node's key/value cache and runs only the node's last character through the model (`_Walk`);
+the queries and served distributions are counted as the uncached rows would be. Values equal
 `score_texts` + `stats.language.log_perplexity` of each full text (the same scored tokens
 BOS + prefix + secret + suffix, no EOS), up to float32 rounding of the forward passes.
 
@@ -26,6 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
 
 from privacylab.attacks.core import ThreatModel
 from privacylab.attacks.language.base import (
@@ -35,7 +40,6 @@ from privacylab.attacks.language.base import (
     whole_option,
 )
 from privacylab.attacks.language.scoring import score_texts
-from privacylab.data.tokenizer import PAD
 from privacylab.stats._checks import StatisticsError
 from privacylab.stats.exposure import SkewNormal, fit_skew_normal
 from privacylab.stats.language import log_perplexity
@@ -57,9 +61,8 @@ METHODS = ("auto", "enumerate", "extrapolate")
 Progress = Callable[[int, int], None]
 """`progress(done, total)`: candidates (or tree nodes) scored so far of one format."""
 
-_ROW_FLOATS = 1 << 25
-"""Next-token log-probabilities fetched per `distributions` call at most (rows x positions x
-vocabulary; 128 MiB of float32)."""
+_CACHE_BYTES = 1 << 26
+"""Key/value cache of one block of tree nodes at most (64 MiB; one block per depth is held)."""
 
 
 @dataclass(frozen=True)
@@ -206,12 +209,7 @@ class SecretSharer(LanguageAttack):
             raise LanguageError("secret-sharer takes an ExposureTask")
         out = []
         for number, fmt in enumerate(task.formats):
-            tokens = 1 + len(fmt.text(fmt.alphabet[0] * fmt.length).encode("utf-8"))
-            if tokens > target.context:
-                raise LanguageError(
-                    f"canary format {fmt.prefix!r}... is {tokens - 1} tokens after BOS; the "
-                    f"model's context holds {target.context - 1}"
-                )
+            _fits(target, fmt)
             rng = np.random.default_rng([self.seed, number])
             before = target.queries
             if self.method_for(fmt) == "enumerate":
@@ -274,79 +272,152 @@ def sample_values(
     return values
 
 
+def _fits(target: LanguageTarget, fmt: CanaryFormat) -> None:
+    tokens = 1 + len(fmt.text(fmt.alphabet[0] * fmt.length).encode("utf-8"))
+    if tokens > target.context:
+        raise LanguageError(
+            f"canary format {fmt.prefix!r}... is {tokens - 1} tokens after BOS; the "
+            f"model's context holds {target.context - 1}"
+        )
+
+
+def _select(cache: Any, index: Tensor) -> Any:
+    """The rows `index` of every tensor of a key/value cache (batch first)."""
+    if isinstance(cache, Tensor):
+        return cache.index_select(0, index)
+    return type(cache)(_select(part, index) for part in cache)
+
+
+def _nbytes(cache: Any) -> int:
+    if isinstance(cache, Tensor):
+        return cache.numel() * cache.element_size()
+    return sum(_nbytes(part) for part in cache)
+
+
+class _Walk:
+    """The served side of the tree walk: forward passes that extend each node's key/value cache
+    by the tokens after it (`CausalLM.step`; a model without `step` re-runs the whole row, its
+    cache being the tokens so far). Every node's query is counted on `target` as the
+    `distributions` row `BOS + prefix + partial secret + lead` it stands for, and the same
+    next-token distributions are added to `tokens_served`: the ledger is the uncached walk's;
+    only the server's arithmetic is shared."""
+
+    def __init__(self, target: LanguageTarget) -> None:
+        target.require(Access.SCORES)
+        self.target = target
+        self.model = target._model
+        self.cached = callable(getattr(self.model, "step", None))
+
+    def count(self, rows: np.ndarray) -> None:
+        self.target._count(torch.as_tensor(rows))
+        self.target._served[0] += int(rows.shape[0]) * int(rows.shape[1])
+
+    @torch.no_grad()
+    def extend(self, tokens: np.ndarray, cache: Any) -> tuple[Tensor, Any]:
+        """Next-token log-probabilities after each of `tokens` (n, l) appended to the rows of
+        `cache` (None: rows start here), float64 on the CPU, and the extended cache."""
+        target = self.target
+        feed = torch.tensor(np.asarray(tokens), dtype=torch.int64, device=target.device)
+        if self.cached:
+            logits, cache = self.model.step(feed, cache)
+        else:
+            cache = feed if cache is None else torch.cat([cache, feed], 1)
+            logits = self.model(cache)[:, -feed.shape[1] :]
+        logits = logits.to(target.dtype)
+        target._check_logits(logits, int(feed.shape[0]), int(feed.shape[1]))
+        return F.log_softmax(logits, dim=-1).double().cpu(), cache
+
+
 def enumerate_values(
     target: LanguageTarget,
     fmt: CanaryFormat,
     batch_size: int = 1024,
     progress: Progress | None = None,
 ) -> np.ndarray:
-    """Log-perplexity of every candidate of `fmt`, in index order, by the depth-by-depth tree
-    walk of the module docstring: one `distributions` query per inner node (per distinct
-    leading byte string of the alphabet's characters when they are multi-byte), plus one
-    `token_log_probs` query per leaf when there is a suffix."""
-    tokenizer = target.tokenizer
-    head = tokenizer.encode(fmt.prefix, bos=True)
-    chars = [list(c.encode("utf-8")) for c in fmt.alphabet]
-    width = len(chars[0])
+    """Log-perplexity of every candidate of `fmt`, in index order, by the tree walk of the
+    module docstring: one query per inner node (per distinct leading byte string of the
+    alphabet's characters when they are multi-byte), plus one per leaf when there is a
+    suffix. The walk goes depth first over blocks of at most `batch_size` nodes, each block
+    extending its parents' key/value cache by one character (`_Walk`): a node costs the
+    forward pass of its last character, not of the whole row."""
+    _fits(target, fmt)
+    walk = _Walk(target)
+    head = target.tokenizer.encode(fmt.prefix, bos=True)
+    chars = np.asarray([list(c.encode("utf-8")) for c in fmt.alphabet], dtype=np.int64)
+    base, width = chars.shape
     leads: dict[tuple[int, ...], list[int]] = {}
-    for k, b in enumerate(chars):
-        leads.setdefault(tuple(b[:-1]), []).append(k)
-    tail = list(fmt.suffix.encode("utf-8"))
-    base = len(chars)
-    total_nodes = sum(base**d for d in range(fmt.length)) * len(leads)
-    total = total_nodes + (base**fmt.length if tail else 0)
+    for k, row in enumerate(chars.tolist()):
+        leads.setdefault(tuple(row[:-1]), []).append(k)
+    tail = np.asarray(list(fmt.suffix.encode("utf-8")), dtype=np.int64)
+    total = sum(base**d for d in range(fmt.length)) * len(leads)
+    total += base**fmt.length if tail.size else 0
     done = 0
+    values = np.empty(base**fmt.length)
 
-    partial = np.zeros((1, 0), dtype=np.int64)
-    sums = np.zeros(1)
-    prefix_sum = 0.0
-    char_bytes = np.asarray(chars, dtype=np.int64)
-    for depth in range(fmt.length):
-        nodes = partial.shape[0]
-        stem = len(head) + depth * width
-        step = np.zeros((nodes, base))
+    opening, cache = walk.extend(np.asarray([head]), None)
+    prefix_sum = float(opening[0, np.arange(len(head) - 1), head[1:]].sum())
+    full = len(head) + fmt.length * width + tail.size
+    per_row = max(1, _nbytes(cache) * full // len(head))
+    block = max(base, min(batch_size, walk.target.batch_size, _CACHE_BYTES // per_row))
+
+    def tell(rows: int) -> None:
+        nonlocal done
+        done += rows
+        if progress is not None:
+            progress(done, total)
+
+    def rows_of(secrets: np.ndarray, after: np.ndarray) -> np.ndarray:
+        n = secrets.shape[0]
+        return np.concatenate(
+            [np.broadcast_to(np.asarray(head), (n, len(head))), secrets,
+             np.broadcast_to(after, (n, after.size))], axis=1,
+        )  # fmt: skip
+
+    def visit(first: int, secrets: np.ndarray, sums: np.ndarray, last: Tensor, cache: Any) -> None:
+        """Nodes `first`.. of depth secrets.shape[1] // width (their secrets so far, the sums
+        of those secrets' log-probs, the distribution after each, their cache)."""
+        depth = secrets.shape[1] // width
+        nodes = secrets.shape[0]
+        step = np.empty((nodes, base))
         for lead, members in leads.items():
-            rows = np.concatenate(
-                [
-                    np.broadcast_to(np.asarray(head, dtype=np.int64), (nodes, len(head))),
-                    partial,
-                    np.broadcast_to(np.asarray(lead, dtype=np.int64), (nodes, len(lead))),
-                    np.full((nodes, 1), PAD, dtype=np.int64),
-                ],
+            walk.count(rows_of(secrets, np.asarray(lead, dtype=np.int64)))
+            tell(nodes)
+            dist = last[:, None]
+            if lead:
+                more, _ = walk.extend(np.broadcast_to(np.asarray(lead), (nodes, len(lead))), cache)
+                dist = torch.cat([dist, more], 1)
+            lead_sum = sum(dist[:, j, b] for j, b in enumerate(lead)) if lead else 0.0
+            for k in members:
+                step[:, k] = (lead_sum + dist[:, -1, int(chars[k, -1])]).numpy()
+        child_sums = (sums[:, None] + step).reshape(-1)
+        if depth + 1 == fmt.length and not tail.size:
+            values[first * base : (first + nodes) * base] = child_sums
+            return
+        span = max(1, block // base)
+        for lo in range(0, nodes, span):
+            hi = min(nodes, lo + span)
+            parents = torch.arange(lo, hi).repeat_interleave(base).to(walk.target.device)
+            grown = np.concatenate(
+                [np.repeat(secrets[lo:hi], base, axis=0), np.tile(chars, (hi - lo, 1))], axis=1
+            )
+            cut = child_sums[lo * base : hi * base]
+            start = (first + lo) * base
+            if depth + 1 < fmt.length:
+                logp, grown_cache = walk.extend(grown[:, -width:], _select(cache, parents))
+                visit(start, grown, cut, logp[:, -1], grown_cache)
+                continue
+            walk.count(rows_of(grown, tail[:-1]))
+            tell(grown.shape[0])
+            feed = np.concatenate(
+                [grown[:, -width:], np.broadcast_to(tail[:-1], (grown.shape[0], tail.size - 1))],
                 axis=1,
             )
-            chunk = max(1, min(batch_size, _ROW_FLOATS // (rows.shape[1] * target.vocab_size)))
-            for start in range(0, nodes, chunk):
-                dist = target.distributions(rows[start : start + chunk]).numpy()
-                if depth == 0 and start == 0 and lead == next(iter(leads)):
-                    picked = dist[0, np.arange(len(head) - 1), head[1:]].astype(np.float64)
-                    prefix_sum = float(picked.sum())
-                for k in members:
-                    positions = stem - 1 + np.arange(width)
-                    picks = dist[:, positions, char_bytes[k]].astype(np.float64)
-                    step[start : start + chunk, k] = picks.sum(-1)
-                done += dist.shape[0]
-                if progress is not None:
-                    progress(done, total)
-        sums = (sums[:, None] + step).reshape(-1)
-        partial = np.concatenate(
-            [np.repeat(partial, base, axis=0), np.tile(char_bytes, (nodes, 1))], axis=1
-        )
-    if tail:
-        whole = np.concatenate(
-            [
-                np.broadcast_to(np.asarray(head, dtype=np.int64), (partial.shape[0], len(head))),
-                partial,
-                np.broadcast_to(np.asarray(tail, dtype=np.int64), (partial.shape[0], len(tail))),
-            ],
-            axis=1,
-        )
-        chunk = max(1, min(batch_size, _ROW_FLOATS // whole.shape[1]))
-        for start in range(0, whole.shape[0], chunk):
-            logp = target.token_log_probs(whole[start : start + chunk]).double().numpy()
-            sums[start : start + chunk] += logp[:, -len(tail) :].sum(-1)
-            done += logp.shape[0]
-            if progress is not None:
-                progress(done, total)
-    scored = len(head) - 1 + fmt.length * width + len(tail)
-    return -(prefix_sum + sums) / scored
+            logp, _ = walk.extend(feed, _select(cache, parents))
+            picked = logp[:, width - 1 :].gather(
+                -1, torch.as_tensor(tail)[None, :, None].expand(grown.shape[0], -1, 1)
+            )
+            values[start : start + grown.shape[0]] = cut + picked.sum((1, 2)).numpy()
+
+    visit(0, np.zeros((1, 0), dtype=np.int64), np.zeros(1), opening[:, -1], cache)
+    scored = len(head) - 1 + fmt.length * width + tail.size
+    return -(prefix_sum + values) / scored
