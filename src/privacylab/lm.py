@@ -82,7 +82,10 @@ with >= 8 copies reach 1.06-1.56 per-token perplexity (1 copy: 2.6)."""
 DP_EPOCHS: dict[str, int] = {"tiny": 20, "small": 12, "medium": 12}
 """Private default epochs per size. Li et al. 2022 (Sec. 3) train longer under DP; a DP epoch of
 medium costs ~45 CPU-seconds (ghost clipping; ~35 non-private), so the issue's experiment keeps
-the number of epochs of non-private training to fit its 30 minutes: pass `epochs` for more."""
+the number of epochs of non-private training to fit its 30 minutes: pass `epochs` for more.
+Measured (medium, default corpus, eps = 8, delta = 1e-5, PLD): sigma 1.33, q 0.256, 48 steps,
+574 CPU-seconds, perplexity members / held-out 19.4 / 23.3 against 3.0 / 13.5 non-private; the
+planted records' per-token perplexity stays ~18-20 for 1-16 copies (12.2 at 64)."""
 
 LR = 2e-3
 """Adam's default learning rate, non-private."""
