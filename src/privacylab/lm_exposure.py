@@ -8,9 +8,9 @@ canary's real secret among them:
 
 - enumerated spaces (|R| <= `enumerate_limit` with method "auto"): the exact mid-rank of the
   canary's log-perplexity among all |R| candidates and exposure = log2|R| - log2 rank
-  (`stats.exposure.enumerated_exposure`); the skew-normal extrapolation fitted to a uniform
-  sample of the same values is reported beside it (`extrapolated_exposure`), showing the
-  extrapolation's error (Sec. 4.3);
+  (`stats.exposure.rank_among`, `exposure_from_rank`); the skew-normal extrapolation fitted to
+  a uniform sample of the same values is reported beside it (`extrapolated_exposure`),
+  showing the extrapolation's error (Sec. 4.3);
 - extrapolated spaces: -log2 CDF of the canary's log-perplexity (scored as one more query)
   under the skew-normal fitted to `samples` uniformly drawn candidates; `exposure` is that
   capped at log2|R| (a rank is at least 1) and `rank` = max(1, |R| CDF).
@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,6 @@ from privacylab.data.corpus import Canary, Corpus
 from privacylab.execution.store import ResultStore, config_key
 from privacylab.stats.exposure import (
     RANDOM_EXPOSURE,
-    enumerated_exposure,
     exposure_from_rank,
     rank_among,
 )
@@ -80,9 +80,8 @@ def _row(
     if scores.method == "enumerate":
         index = fmt.index(canary.secret)
         value = float(scores.values[index])
-        others = np.delete(scores.values, index)
-        rank = rank_among(value, others)
-        exposure = enumerated_exposure(value, scores.values)
+        rank = rank_among(value, np.delete(scores.values, index))
+        exposure = exposure_from_rank(rank, size)
         extrapolated = scores.fit.exposure(value) if scores.fit is not None else None
     else:
         before = target.queries
@@ -236,19 +235,7 @@ def run_exposure(
     loaded = load_language_model(folder)
     facts = target_facts(folder)
     target = language_target(folder, "scores", device=device)
-    if store is None:
-        return exposure_run(
-            target,
-            loaded.corpus,
-            facts,
-            method=method,
-            samples=samples,
-            enumerate_limit=enumerate_limit,
-            batch_size=batch_size,
-            seed=seed,
-            progress=progress,
-        )
-    with ResultStore(store) as results:
+    with ResultStore(store) if store is not None else nullcontext() as results:
         return exposure_run(
             target,
             loaded.corpus,
@@ -259,6 +246,6 @@ def run_exposure(
             batch_size=batch_size,
             seed=seed,
             store=results,
-            identity=_identity(folder),
+            identity=_identity(folder) if store is not None else "",
             progress=progress,
         )
