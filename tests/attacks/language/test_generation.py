@@ -140,16 +140,33 @@ def test_frequencies_match_the_served_distribution(strategy: str) -> None:
         assert counts[expected == 0].sum() == 0
     else:
         expected = (z.double() / 10.0).softmax(-1).numpy()
+        expected[[BOS, PAD]] = 0.0
+    assert counts[BOS] == counts[PAD] == 0
     assert chi_square_p(counts, expected) > 1e-3
     if strategy == "temperature":
         # from step 20 on t = 1: the served distribution itself, whose tail is far lighter
         log_probs = z.log_softmax(-1).repeat(rows, 1)
         late = chooser(sampling, torch.Generator().manual_seed(8))(log_probs, 30)
         late_counts = np.bincount(late.numpy(), minlength=VOCAB_SIZE)
-        assert chi_square_p(late_counts, z.double().softmax(-1).numpy()) > 1e-3
+        served = z.double().softmax(-1).numpy()
+        served[[BOS, PAD]] = 0.0
+        assert chi_square_p(late_counts, served) > 1e-3
         tail = np.ones(VOCAB_SIZE, dtype=bool)
         tail[[ord(c) for c in "abcdefg"]] = False
         assert counts[tail].sum() > 10 * max(late_counts[tail].sum(), 1)
+
+
+@pytest.mark.parametrize("strategy", ["top-n", "temperature"])
+def test_bos_and_pad_are_never_drawn(strategy: str) -> None:
+    """Only bytes and EOS continue a document, however much mass the model puts elsewhere."""
+    z = torch.full((VOCAB_SIZE,), -5.0)
+    z[[BOS, PAD]] = 5.0
+    log_probs = z.log_softmax(-1).repeat(2000, 1)
+    choose = chooser(Sampling(strategy=strategy, top_n=3), torch.Generator().manual_seed(0))
+    for step in (0, 30):
+        drawn = choose(log_probs, step)
+        assert not bool(((drawn == BOS) | (drawn == PAD)).any())
+        assert len(set(drawn.tolist())) > 2
 
 
 def test_a_parrot_regurgitates_its_sentence(parrot: CausalLM) -> None:

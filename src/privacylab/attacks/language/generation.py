@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from privacylab.attacks.language.base import LanguageError, number_option, whole_option
-from privacylab.data.tokenizer import BOS, EOS
+from privacylab.data.tokenizer import BOS, EOS, PAD, VOCAB_SIZE
 from privacylab.execution.store import ResultStore, config_key
 from privacylab.target.language import Chooser, LanguageTarget
 
@@ -51,6 +51,8 @@ __all__ = [
 STRATEGIES = ("top-n", "temperature", "prefix")
 
 Progress = Callable[[str, float, float], None]
+
+_NEVER_DRAWN = torch.tensor([BOS, PAD])
 
 
 @dataclass(frozen=True)
@@ -110,17 +112,26 @@ def chooser(sampling: Sampling, generator: torch.Generator) -> Chooser:
     from `generator` (a CPU generator: the target serves log-probabilities on the CPU).
 
     "top-n" and "prefix": the n most likely tokens of each row, renormalised, sampled once;
-    "temperature": the whole distribution softmax(log p / t(step)), sampled once."""
+    "temperature": the whole distribution softmax(log p / t(step)), sampled once. BOS and PAD
+    are never drawn (over the byte vocabulary): no document continues with them, and a high
+    temperature would otherwise pick them often, leaving samples whose decoded text is not the
+    sequence generated."""
     sampling.validate()
+
+    def text_tokens(log_probs: Tensor) -> Tensor:
+        log_probs = log_probs.float()
+        if log_probs.shape[-1] != VOCAB_SIZE:
+            return log_probs
+        return log_probs.index_fill(-1, _NEVER_DRAWN, float("-inf"))
 
     def top_n(log_probs: Tensor, step: int) -> Tensor:
         n = min(sampling.top_n, int(log_probs.shape[-1]))
-        values, indices = log_probs.float().topk(n, dim=-1)
+        values, indices = text_tokens(log_probs).topk(n, dim=-1)
         picked = torch.multinomial(values.softmax(-1), 1, generator=generator)
         return indices.gather(-1, picked).squeeze(-1)
 
     def temperature(log_probs: Tensor, step: int) -> Tensor:
-        scaled = log_probs.float() / temperature_at(step, sampling)
+        scaled = text_tokens(log_probs) / temperature_at(step, sampling)
         return torch.multinomial(scaled.softmax(-1), 1, generator=generator).squeeze(-1)
 
     return temperature if sampling.strategy == "temperature" else top_n
