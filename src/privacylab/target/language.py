@@ -112,15 +112,16 @@ class LanguageTarget(Target):
             raise TargetError("the model returned NaN or infinite logits")
 
     @torch.no_grad()
-    def _log_softmax(self, tokens: Tensor) -> Tensor:
-        """Counted forward pass: next-token log-probabilities (n, L, vocab) on the CPU."""
+    def _forward(self, tokens: Tensor, *, normalise: bool = True) -> Tensor:
+        """Counted forward pass in `batch_size` chunks: next-token log-probabilities (n, L,
+        vocab) on the CPU, or the raw logits when not `normalise`."""
         self._count(tokens)
         outs = []
         for i in range(0, int(tokens.shape[0]), self.batch_size):
             batch = tokens[i : i + self.batch_size].to(self.device)
             out = self._model(batch).to(self.dtype)
             self._check_logits(out, int(batch.shape[0]), int(batch.shape[1]))
-            outs.append(F.log_softmax(out, dim=-1).cpu())
+            outs.append((F.log_softmax(out, dim=-1) if normalise else out).cpu())
         self._served[0] += int(tokens.shape[0]) * int(tokens.shape[1])
         if not outs:
             return torch.zeros(0, tokens.shape[1], self.vocab_size, dtype=self.dtype)
@@ -133,7 +134,7 @@ class LanguageTarget(Target):
         tokens = self._tokens(tokens, "token sequences")
         if tokens.shape[1] < 2:
             raise TargetError("scoring needs sequences of at least 2 tokens")
-        logp = self._log_softmax(tokens[:, :-1])
+        logp = self._forward(tokens[:, :-1])
         nxt = tokens[:, 1:]
         picked = logp.gather(-1, nxt.clamp_max(self.vocab_size - 1).unsqueeze(-1)).squeeze(-1)
         return picked.masked_fill(nxt == PAD, float("nan"))
@@ -145,24 +146,12 @@ class LanguageTarget(Target):
         tokens = self._tokens(tokens, "token sequences")
         if tokens.shape[1] < 2:
             raise TargetError("scoring needs sequences of at least 2 tokens")
-        return self._log_softmax(tokens[:, :-1])
+        return self._forward(tokens[:, :-1])
 
     def logits(self, x: Tensor | np.ndarray) -> Tensor:
         """Raw next-token logits (n, L, vocab); needs logits access."""
         self.require(Access.LOGITS)
-        tokens = self._tokens(x, "token sequences")
-        self._count(tokens)
-        outs = []
-        with torch.no_grad():
-            for i in range(0, int(tokens.shape[0]), self.batch_size):
-                batch = tokens[i : i + self.batch_size].to(self.device)
-                out = self._model(batch).to(self.dtype)
-                self._check_logits(out, int(batch.shape[0]), int(batch.shape[1]))
-                outs.append(out.cpu())
-        self._served[0] += int(tokens.shape[0]) * int(tokens.shape[1])
-        if not outs:
-            return torch.zeros(0, tokens.shape[1], self.vocab_size, dtype=self.dtype)
-        return torch.cat(outs)
+        return self._forward(self._tokens(x, "token sequences"), normalise=False)
 
     def sample(self, prefixes: Tensor | np.ndarray, new_tokens: int, choose: Chooser) -> Tensor:
         """Continue each prefix (n, P) by up to `new_tokens` tokens picked by `choose` from the
@@ -233,7 +222,7 @@ class LanguageTarget(Target):
         return seq.cpu()
 
     def labels(self, x: Tensor | np.ndarray) -> Tensor:
-        """A language model has no class labels: use `complete` (AccessError otherwise)."""
+        """A language model has no class labels: TargetError (use `complete`)."""
         raise TargetError("a language model has no class labels; use complete() or sample()")
 
     def probabilities(self, x: Tensor | np.ndarray) -> Tensor:
