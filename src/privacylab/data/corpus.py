@@ -53,7 +53,8 @@ class Canary:
     """A Secret-Sharer canary: `prefix + secret + suffix`, the secret a uniform draw from
     `alphabet ** length`, planted into `repeats` member documents (`documents`; 0 repeats: a
     control never trained on). `user` marks a canary the user supplied (`--canary`): its
-    secret is the whole text after `prefix` and it has no candidate space unless given one."""
+    secret is the part it marked in braces (all digits or all lowercase letters, the alphabet
+    then), or empty, with no candidate space, when it marked none."""
 
     prefix: str
     secret: str

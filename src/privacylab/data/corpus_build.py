@@ -463,7 +463,8 @@ def build_corpus(
         text = prefix + secret + suffix
         if _tokens(text) > config.context:
             raise DataError(
-                f"canary {text!r} is {_tokens(text)} tokens; the context holds {config.context}"
+                f"canary {text[:40]!r}{'...' if len(text) > 40 else ''} is {_tokens(text)} "
+                f"tokens; the context holds {config.context}"
             )
         user.append((prefix, secret, suffix, alphabet, text, repeats))
 
