@@ -112,6 +112,7 @@ def test_json_report_and_resume(folders: tuple[Path, Path], tmp_path: Path) -> N
 
     again = run_json(*args)
     assert again["queries"] == 2 * distinct  # every generation served from the store
+    assert again["seconds_per_1000_samples"] is None  # nothing generated: no timing
     assert again["table"] == run["table"] and again["extracted"] == run["extracted"]
 
 

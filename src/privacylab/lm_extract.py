@@ -13,7 +13,9 @@ One attack per generation strategy (`samples` each), six ranking metrics (perple
 per reference model named by its size, zlib, lowercase, window), the top `top` per metric
 checked against the members. Generations are written to a result store as each batch finishes
 (default `target_dir/generations.sqlite`, keyed by the target's weights), so a killed run
-resumes where it stopped. Returns the "extraction run" dict of the report (schemas.md).
+resumes where it stopped (`seconds_per_1000_samples` then times the samples generated anew,
+None when all came from the store). Returns the "extraction run" dict of the report
+(schemas.md).
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ def run_lm_extraction(
     if progress is not None:
         progress("checking against the training data", 1, 1)
     generation = sum(r.generation_seconds for r in runs)
+    fresh = sum(r.fresh for r in runs)
     return {
         "target": target_facts(folder),
         "references": [target_facts(r) for r in ref_folders],
@@ -145,5 +148,5 @@ def run_lm_extraction(
         "queries": queries,
         "tokens_served": target.tokens_served,
         "seconds": time.perf_counter() - start,
-        "seconds_per_1000_samples": 1000.0 * generation / (samples * len(runs)),
+        "seconds_per_1000_samples": 1000.0 * generation / fresh if fresh else None,
     }

@@ -224,6 +224,7 @@ def test_generations_resume_from_the_store(trained: CausalLM, tmp_path: Any) -> 
         again = execute(attack, LanguageTarget(trained, "scores", 259), ExtractionTask(store=store))
     assert again.output.texts == first.output.texts
     assert again.queries == first.queries - 8  # nothing generated the second time
+    assert (first.output.fresh, again.output.fresh) == (8, 0)
 
 
 def test_configuration_errors() -> None:

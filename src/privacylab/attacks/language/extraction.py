@@ -104,8 +104,9 @@ class ExtractionCandidates:
     de-duplication; `generated[i]` samples produced `texts[i]`), the value of every metric per
     text (`metrics[name][i]`, higher = more likely memorised), and per metric the indices of the
     top `top` texts, best first (`ranking`). `samples`: how many were generated, `empty` of
-    them with no text (EOS first); `generation_seconds`: the time spent sampling;
-    `tokens_served`: next-token distributions the target served (sampling and scoring)."""
+    them with no text (EOS first), `fresh` of them sampled by this run (the others read from
+    the result store); `generation_seconds`: the time spent sampling; `tokens_served`:
+    next-token distributions the target served (sampling and scoring)."""
 
     strategy: str
     texts: list[str]
@@ -115,6 +116,7 @@ class ExtractionCandidates:
     top: int
     samples: int = 0
     empty: int = 0
+    fresh: int = 0
     generation_seconds: float = 0.0
     tokens_served: int = 0
 
@@ -296,7 +298,7 @@ class CarliniExtraction(LanguageAttack):
 
     def run(self, target: LanguageTarget, task: ExtractionTask) -> ExtractionCandidates:  # type: ignore[override]
         """Generate, score, rank (module docstring); queries counted on `target`."""
-        served = target.tokens_served
+        served, queries = target.tokens_served, target.queries
         start = time.perf_counter()
         samples = generate_samples(
             target,
@@ -310,6 +312,7 @@ class CarliniExtraction(LanguageAttack):
             key=task.store_key,
         )
         seconds = time.perf_counter() - start
+        fresh = target.queries - queries
         if task.progress is not None:
             task.progress(f"{self.sampling.strategy}: scoring", 0, 1)
         candidates = rank_texts(
@@ -324,6 +327,7 @@ class CarliniExtraction(LanguageAttack):
         if task.progress is not None:
             task.progress(f"{self.sampling.strategy}: scoring", 1, 1)
         candidates.generation_seconds = seconds
+        candidates.fresh = fresh
         candidates.tokens_served = target.tokens_served - served
         return candidates
 
