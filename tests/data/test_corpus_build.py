@@ -68,6 +68,18 @@ def test_every_document_fits_its_context(context: int) -> None:
     assert min(lengths) > 2
     ByteTokenizer().batch(built.documents, context)
     assert all(d == fold_text(d) for d in built.documents)
+    hosts = {d for p in [*built.records, *built.canaries] for d in p.documents}
+    source = [d for i, d in enumerate(built.documents) if i not in hosts]
+    assert len(set(source)) == len(source)
+
+
+def test_repeated_chunks_are_one_document() -> None:
+    """A held-out copy of a member document would be trained on: repeats are dropped."""
+    texts = ["the same passage", "other words", "the  same\npassage", "other words"]
+    built = build_corpus(
+        CorpusConfig(records_per_count=0, canary_repeats=(), documents=None), texts=texts
+    )
+    assert built.documents == ["the same passage", "other words"]
 
 
 _BUILT: dict[int, Corpus] = {}

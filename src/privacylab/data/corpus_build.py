@@ -7,6 +7,8 @@ Secret-Sharer canaries.
   text is reduced to printable ASCII with whitespace runs folded to one space (`fold_text`) and
   cut at word boundaries into documents of at most `context - 2` bytes (`chunk_text`), so that a
   document with its BOS and EOS markers fills at most one context window of the byte tokenizer.
+  A chunk that repeats an earlier one is dropped (the documentation repeats some passages): a
+  held-out document identical to a member would be a training document all the same.
 - **Records** (the PII of Carlini et al. 2021, "Extracting Training Data from Large Language
   Models", Sec. 6.5: names, emails, phone numbers, addresses), drawn with `faker` (seeded, no
   network): a record with `c` copies is planted into `c` distinct member documents, so that the
@@ -471,7 +473,7 @@ def build_corpus(
     source = pydoc_texts() if texts is None else list(texts)
     if any(not isinstance(t, str) for t in source):
         raise DataError("the corpus texts must be strings")
-    chunks = [chunk for text in source for chunk in chunk_text(text, budget)]
+    chunks = list(dict.fromkeys(chunk for text in source for chunk in chunk_text(text, budget)))
     if not chunks:
         raise DataError("the corpus is empty: its source holds no printable ASCII text")
     documents = _subset(chunks, config.documents, subset_rng)
