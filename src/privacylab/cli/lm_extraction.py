@@ -100,10 +100,7 @@ def attack_lm_extraction_command(
             if not folder.is_dir():
                 raise PrivacylabError(f"--reference {folder} is not a model folder")
         if out is not None:
-            try:
-                from privacylab.report.language import add_language_run
-            except ImportError:
-                raise PrivacylabError("--out needs privacylab.report.language") from None
+            from privacylab.report.language import add_language_run
         with _Stages(_stderr()) as stages:
             result = run_lm_extraction(
                 target,
