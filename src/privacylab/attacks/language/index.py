@@ -112,13 +112,6 @@ class TrainingIndex:
             return 0
         return int(np.unique(self._doc_of[self._suffixes[lo:hi]]).size)
 
-    def documents_with(self, s: str) -> list[int]:
-        """The indices of the documents containing `s`, sorted."""
-        if not isinstance(s, str) or not s or self.separator in s:
-            return []
-        lo, hi = self._range(s)
-        return np.unique(self._doc_of[self._suffixes[lo:hi]]).tolist()
-
     def longest_match(self, text: str) -> tuple[int, int]:
         """(start, end) of the longest substring text[start:end] occurring in some document
         (the leftmost of the longest; (0, 0) when no character of `text` occurs)."""
