@@ -20,6 +20,7 @@ from torch import nn
 from privacylab.attacks.language import LanguageError, language_class, language_names
 from privacylab.attacks.language.base import make_language
 from privacylab.attacks.language.membership import (
+    LMMembershipAttack,
     LMMembershipTask,
     lowercased,
     run_lm_membership,
@@ -203,12 +204,20 @@ class _Counting(nn.Module):
 
 
 def test_one_scoring_pass_serves_every_attack_and_each_is_charged(
-    overfitted: CausalLM, split: tuple[list[str], list[str]]
+    overfitted: CausalLM, split: tuple[list[str], list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     task, truth = _task(split, _train([], 0, seed=4))
     counting = _Counting(overfitted)
     target = LanguageTarget(counting, "scores", 259)
     fresh = LanguageTarget(overfitted, "scores", 259)
+    given: dict[str, object] = {}
+    run = LMMembershipAttack.run
+
+    def spy(self: LMMembershipAttack, target: LanguageTarget, task: LMMembershipTask):
+        given[self.name] = task.reference
+        return run(self, target, task)
+
+    monkeypatch.setattr(LMMembershipAttack, "run", spy)
     n = len(task.texts)
     results = {}
     for name in NAMES:
@@ -218,9 +227,13 @@ def test_one_scoring_pass_serves_every_attack_and_each_is_charged(
         )
         np.testing.assert_allclose(results[name].scores, alone.scores, rtol=1e-9)
         assert results[name].queries == alone.queries == (2 * n if name == "lowercase" else n)
+        assert (given[name] is task.reference) == (name == "reference")
     assert counting.rows == 2 * n
     assert target.queries == fresh.queries == 7 * n
     assert target.tokens_served == fresh.tokens_served
+    for queried in (target, fresh):
+        run_lm_membership(make_language("min-k", batch_size=7), queried, task, truth)
+    assert counting.rows == 3 * n and target.tokens_served == fresh.tokens_served
     budget = LanguageTarget(overfitted, "scores", 259, query_budget=n + n // 2)
     task2, _ = _task(split)
     run_lm_membership(make_language("loss"), budget, task2, truth)

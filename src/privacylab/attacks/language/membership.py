@@ -24,19 +24,20 @@ tokens are bytes after a BOS, scored without EOS (`privacylab.attacks.language.s
 One scoring pass, counted per attack. Every attack needs the same token log-probabilities of
 the same texts, so `LMMembershipTask` keeps the answers of the first pass on a target (with the
 next-token moments, so that Min-K%++ needs no second pass) and the token batches that pass
-sent. An attack served from that cache is charged the same batches again on its own view of
-the target (`Target._count`: budget, query monitors and the query count see exactly what a
-fresh pass would have sent; `tokens_served` grows by the same amount) without running the
-model. So each attack's `queries` is what it would have sent alone: n documents (2n for
-"lowercase", which also scores the lowercased texts), while the model runs once per distinct
-text set. The reference model is the attacker's own (white-box on its own ledger): its
-forward passes are not target queries and are reported as `params["reference_queries"]`.
+sent, per text set and batch size. An attack served from that cache is charged the same
+batches again on its own view of the target (`Target._count`: budget, query monitors and the
+query count see exactly what a fresh pass would have sent; `tokens_served` grows by the same
+amount) without running the model. So each attack's `queries` is what it would have sent
+alone: n documents (2n for "lowercase", which also scores the lowercased texts), while the
+model runs once per distinct text set. The reference model is the attacker's own (white-box on
+its own ledger): its forward passes are not target queries and are reported as
+`params["reference_queries"]`; only the attack that declares "reference-models" receives it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -67,30 +68,32 @@ __all__ = [
 
 @dataclass
 class _Pass:
-    """One scoring pass on one target (identified by its shared query ledger): the answers and
-    the token batches sent, replayed to charge an attack served from the cache."""
+    """One scoring pass on one target (identified by its shared query ledger) of one text set
+    ("text" or "lowercase") in batches of one size: the answers and the token batches sent,
+    replayed to charge an attack served from the cache."""
 
     ledger: object
     variant: str
+    batch_size: int
     scores: list[TextScores]
     batches: list[Tensor]
 
 
-@dataclass
+@dataclass(frozen=True)
 class LMMembershipTask:
     """What the membership attacker holds: the candidate `texts` (members and non-members,
-    unlabelled) and, for "reference", its own `reference` language model (same tokenizer and
-    vocabulary as the target). The cache of scoring passes is the attacker's record of answers
-    it already received (module docstring)."""
+    unlabelled; a tuple, fixed with the cache) and, for "reference", its own `reference`
+    language model (same tokenizer and vocabulary as the target). The cache of scoring passes
+    is the attacker's record of answers it already received (module docstring)."""
 
-    texts: list[str]
+    texts: tuple[str, ...]
     reference: nn.Module | None = None
     _passes: list[_Pass] = field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.texts, str) or not isinstance(self.texts, Sequence):
             raise LanguageError("the membership task needs a list of texts")
-        self.texts = list(self.texts)
+        object.__setattr__(self, "texts", tuple(self.texts))
         if not self.texts:
             raise LanguageError("the membership task has no texts to score")
         bad = [i for i, t in enumerate(self.texts) if not isinstance(t, str) or not t]
@@ -108,7 +111,7 @@ class LMMembershipTask:
         target.require(Access.SCORES)
         ledger = target._ledger
         for done in self._passes:
-            if done.ledger is ledger and done.variant == variant:
+            if done.ledger is ledger and (done.variant, done.batch_size) == (variant, batch_size):
                 for batch in done.batches:
                     target._count(batch)
                     target._served[0] += int(batch.numel())
@@ -117,7 +120,7 @@ class LMMembershipTask:
         batches: list[Tensor] = []
         recording = target.with_monitor(lambda x: batches.append(x.clone()))
         scores = score_texts(recording, texts, moments=True, batch_size=batch_size)
-        self._passes.append(_Pass(ledger, variant, scores, batches))
+        self._passes.append(_Pass(ledger, variant, batch_size, scores, batches))
         return scores
 
 
@@ -268,13 +271,16 @@ def run_lm_membership(
     membership: Sequence[int] | np.ndarray,
 ) -> MembershipResult:
     """Run `attack` on `target` through `privacylab.attacks.core.execute` (narrowed to its
-    access, queries counted) and attach the truth `membership` (1 member, 0 not; one per text
-    of `task`) only afterwards: the family's one `MembershipResult`."""
+    access, queries counted), on `task` without its reference model unless the attack declares
+    "reference-models" (the cache stays shared), and attach the truth `membership` (1 member,
+    0 not; one per text of `task`) only afterwards: the family's one `MembershipResult`."""
     truth = np.asarray(membership).reshape(-1)
     if truth.size != len(task.texts):
         raise LanguageError(
             f"{truth.size} membership labels for {len(task.texts)} texts of the task"
         )
+    if "reference-models" not in attack.threat_model.side_information:
+        task = replace(task, reference=None)
     execution = execute(attack, target, task)
     output = execution.output
     return MembershipResult(
