@@ -2,7 +2,7 @@
 (schemas.md "membership run"), the report written with --out (results.json's
 language.membership and the ROC figure), the reference attack with --reference, and bad input
 refused in one line with exit code 2 (unknown attack naming the choices, reference without a
-reference model, missing folders, --documents 0)."""
+reference model, missing folders, --documents 0, a negative --seed)."""
 
 from __future__ import annotations
 
@@ -134,6 +134,7 @@ def test_bad_input_is_one_line(folders: tuple[Path, Path], tmp_path: Path) -> No
     assert "is not a model folder" in fails("--target", str(tmp_path / "missing"))
     assert "--reference" in fails("--target", str(target), "--reference", str(tmp_path / "no"))
     assert "--documents" in fails("--target", str(target), "--documents", "0")
+    assert "--seed must be" in fails("--target", str(target), "--seed", "-1")
     assert "no membership attack" in fails("--target", str(target), "--attacks", ",")
     (tmp_path / "empty").mkdir()
     assert "error: " in fails("--target", str(tmp_path / "empty"))

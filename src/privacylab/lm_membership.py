@@ -99,6 +99,8 @@ def membership_documents(
     canary."""
     if isinstance(documents, bool) or not isinstance(documents, int) or documents < 1:
         raise LanguageError(f"documents must be a whole number >= 1, got {documents!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise LanguageError(f"seed must be a whole number >= 0, got {seed!r}")
     planted = _planted(corpus)
     members = np.asarray([i for i in corpus.member_indices if int(i) not in planted], dtype=int)
     heldout = np.asarray([i for i in corpus.heldout_indices if int(i) not in planted], dtype=int)

@@ -102,23 +102,20 @@ def attack_lm_membership_command(
     the ε lower bound on one metrics path. Finished attacks are stored; a re-run resumes."""
 
     def run() -> None:
-        from privacylab.lm_membership import DEFAULT_ATTACKS, choose_attacks, run_lm_membership_job
+        from privacylab.lm_membership import run_lm_membership_job
 
         check_paths(target=target, out=out)
         if reference is not None and not reference.is_dir():
             raise PrivacylabError(f"--reference {reference} is not a model folder")
-        if isinstance(documents, bool) or documents < 1:
+        if documents < 1:
             raise PrivacylabError(f"--documents must be a whole number >= 1, got {documents}")
-        names = [a.strip() for a in attacks.split(",") if a.strip()]
-        chosen = choose_attacks(
-            DEFAULT_ATTACKS if tuple(names) == DEFAULT_ATTACKS else names,
-            reference=reference is not None,
-        )
+        if seed < 0:
+            raise PrivacylabError(f"--seed must be a whole number >= 0, got {seed}")
         with _Stages(_stderr()) as stages:
             result = run_lm_membership_job(
                 target,
                 reference=reference,
-                attacks=chosen,
+                attacks=attacks,
                 documents=documents,
                 seed=seed,
                 device=_device(device),
