@@ -317,6 +317,9 @@ def test_bad_input(overfitted: CausalLM, split: tuple[list[str], list[str]]) -> 
         LMMembershipTask(["a", ""])
     with pytest.raises(LanguageError, match="context holds"):
         make_language("loss").run(target, LMMembershipTask(["x" * 60]))
+    short = CausalLM(259, 16, dim=8, heads=1, blocks=1)
+    with pytest.raises(LanguageError, match=r"^reference: the reference model: text 0 is 30 "):
+        make_language("reference").run(target, LMMembershipTask(["y" * 30], short))
     with pytest.raises(LanguageError, match="unknown membership attack 'nope'; choose one of"):
         choose_attacks("loss,nope", reference=False)
     with pytest.raises(LanguageError, match="needs a reference model"):

@@ -197,7 +197,10 @@ class LMMembershipAttack(LanguageAttack):
         if task.reference is None:
             raise LanguageError(f"{self.name}: the task has no reference model (give --reference)")
         own = LanguageTarget(task.reference, "white-box", target.vocab_size, device=target.device)
-        return score_texts(own, task.texts, batch_size=self.batch_size), own.queries
+        try:
+            return score_texts(own, task.texts, batch_size=self.batch_size), own.queries
+        except LanguageError as exc:
+            raise LanguageError(f"{self.name}: the reference model: {exc}") from None
 
 
 @register_language("loss")
