@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from _cli import command
+from privacylab.cli.lm import _fit_planted
 from privacylab.data.corpus import Corpus, Record, load_corpus
-from privacylab.lm import load_language_model, target_facts
+from privacylab.data.corpus_build import CorpusConfig
+from privacylab.lm import language_target, load_language_model, target_facts
 
 invoke, run_json, fails = command("lm", "train")
 
@@ -79,11 +82,85 @@ def test_human_output(trained: tuple[Path, dict], saved_corpus: Path) -> None:
     assert "tiny GPT" in result.stdout and "non-private" in result.stdout
 
 
-def test_a_text_corpus_too_small_for_the_planted_strings_is_refused(tmp_path: Path) -> None:
+def test_a_text_corpus_end_to_end(tmp_path: Path) -> None:
+    """A .txt file's paragraphs become the documents, the default planted strings shrink to
+    what its 20 member documents hold (a note on stderr), the user's canary is planted as
+    asked, and the model folder is a target."""
     text = tmp_path / "docs.txt"
-    text.write_text("\n\n".join(f"paragraph {i} of some text" for i in range(12)))
-    line = fails("--corpus", str(text), "--canary", "my PIN is {4829}", "--out", str(tmp_path))
-    assert "member documents" in line
+    paragraphs = [f"paragraph {i} tells of\nsome text and words" for i in range(40)]
+    text.write_text("\n\n".join(paragraphs) + "\n")
+    out = tmp_path / "m"
+    args = ["--corpus", str(text), "--context", "48", "--size", "tiny", "--epochs", "2"]
+    result = invoke(*args, "--canary", "my PIN is {4829}", "--repeats", "2", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert "note: 20 member documents hold records planted 1-2 times" in result.stderr
+    assert "not records planted 1-64 times" in result.stderr
+    corpus = load_language_model(out).corpus
+    assert len(corpus.documents) == 40 and len(corpus.member_indices) == 20
+    assert corpus.config["record_copies"] == [1, 2]
+    assert corpus.config["canary_repeats"] == [0, 1, 2]
+    (user,) = [c for c in corpus.canaries if c.user]
+    assert user.text == "my PIN is 4829" and user.repeats == 2 and len(user.documents) == 2
+    planted = [d for r in corpus.records for d in r.documents]
+    planted += [d for c in corpus.canaries for d in c.documents]
+    assert len(planted) == len(set(planted)) == 4 * 3 + 3 + 2
+    assert set(planted) <= set(corpus.member_indices.tolist())
+    for i, document in enumerate(corpus.documents):
+        if i not in planted:
+            assert document == " ".join(paragraphs[i].split())
+    target = language_target(out)
+    target.token_log_probs(target.tokenizer.batch([user.text], 48))
+    assert target.queries == 1
+
+
+def test_the_default_corpus_fits_a_few_documents(tmp_path: Path) -> None:
+    """The issue's command line on a small default corpus: --documents 60 (30 members)."""
+    out = tmp_path / "m"
+    result = invoke(
+        "--corpus",
+        "default",
+        "--size",
+        "tiny",
+        "--documents",
+        "60",
+        "--epochs",
+        "1",
+        "--out",
+        str(out),
+        "--json",
+    )
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["documents"] == {"members": 30, "heldout": 30}
+    assert (
+        "note: 30 member documents hold records planted 1-2 times and canaries planted "
+        "0-4 times" in result.stderr
+    )
+    corpus = load_corpus(out)
+    need = sum(r.copies for r in corpus.records) + sum(c.repeats for c in corpus.canaries)
+    assert need == 4 * (1 + 2) + (1 + 2 + 4) <= 30
+
+
+@pytest.mark.parametrize(
+    ("members", "users", "records", "canaries"),
+    [
+        (571, (), (1, 2, 4, 8, 16, 32, 64), (0, 1, 2, 4, 8, 16, 32)),
+        (570, (), (1, 2, 4, 8, 16, 32), (0, 1, 2, 4, 8, 16, 32)),
+        (187, (), (1, 2, 4, 8, 16), (0, 1, 2, 4, 8, 16, 32)),
+        (186, (), (1, 2, 4, 8, 16), (0, 1, 2, 4, 8, 16)),
+        (60, (("a {12}", 30),), (1, 2), (0, 1, 2, 4)),
+        (0, (), (), (0,)),
+    ],
+)
+def test_planted_counts_shrink_to_the_member_documents(
+    members: int, users: tuple, records: tuple, canaries: tuple
+) -> None:
+    """The largest count of either kind goes first, records on a tie; the defaults need
+    4 * 127 + 63 = 571 documents."""
+    config = CorpusConfig(user_canaries=users)
+    fitted = _fit_planted(config, members)
+    assert (fitted.record_copies, fitted.canary_repeats) == (records, canaries)
+    assert (fitted is config) == (members >= 571)
+    assert 4 * sum(records) + sum(canaries) + sum(r for _, r in users) <= members
 
 
 @pytest.mark.parametrize(
@@ -96,7 +173,7 @@ def test_a_text_corpus_too_small_for_the_planted_strings_is_refused(tmp_path: Pa
         (["--epochs", "0"], "epochs"),
         (["--canary", "a {12}", "--canary", "b {34}", "--repeats", "2"], "2 --canary"),
         (["--canary", "x" * 200 + " {1234}"], "context"),
-        (["--documents", "8"], "member documents"),
+        (["--documents", "8", "--canary", "a {12}", "--repeats", "5"], "need 5 distinct member"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path: Path, args: list[str], match: str) -> None:

@@ -7,13 +7,16 @@ records and Secret-Sharer canaries, `privacylab.data.corpus_build`); `--corpus F
 a text file's paragraphs (documents separated by blank lines) with the same planted strings;
 `--corpus corpus.json` (or a folder holding one) reuses a corpus as it is. `--canary "my PIN is
 {482913}" --repeats 4` plants a user canary (repeatable; the n-th --repeats goes with the n-th
---canary, all default to 1).
+--canary, all default to 1). A corpus with fewer member documents than the default planted
+strings need (571: records planted 1-64 times, canaries 0-32 times) keeps the smaller counts
+that fit (`_fit_planted`) and says so on stderr.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -23,12 +26,16 @@ from privacylab.cli._common import (
     _emit_json,
     _guarded,
     _path_arg,
+    _say,
     _Stages,
     _stderr,
     _writable_folder,
     app,
 )
 from privacylab.errors import PrivacylabError
+
+if TYPE_CHECKING:
+    from privacylab.data.corpus_build import CorpusConfig
 
 lm_app = typer.Typer(
     help="Language models: train byte-level GPTs (optionally with DP-SGD) on a corpus with "
@@ -75,10 +82,68 @@ def _corpus(
         options["documents"] = documents
     if context is not None:
         options["context"] = context
-    config = CorpusConfig(**options)
-    if source == "default":
-        return build_corpus(config)
-    return build_corpus(config, texts=read_text_corpus(path))
+    config = CorpusConfig(**options).validate()
+    texts = None if source == "default" else read_text_corpus(path)
+    bare = replace(
+        config, record_copies=(), records_per_count=0, canary_repeats=(), user_canaries=()
+    )
+    members = len(build_corpus(bare, texts=texts).member_indices)
+    fitted = _fit_planted(config, members)
+    if fitted != config:
+        _say(
+            _stderr(),
+            f"note: {members} member documents hold {_planted(fitted)}, not "
+            f"{_planted(config)}; a larger corpus (--documents) holds them all",
+        )
+    return build_corpus(fitted, texts=texts)
+
+
+def _planted(config: CorpusConfig) -> str:
+    """'records planted 1-64 times and canaries 0-32 times' (`config`'s counts)."""
+    parts = []
+    for kind, counts in (("records", config.record_copies), ("canaries", config.canary_repeats)):
+        low, high = min(counts, default=0), max(counts, default=0)
+        if not counts:
+            parts.append(f"no {kind}")
+        else:
+            parts.append(
+                f"{kind} planted {low}-{high} times"
+                if low < high
+                else f"{kind} planted {low} times"
+            )
+    return " and ".join(parts)
+
+
+def _fit_planted(config: CorpusConfig, members: int) -> CorpusConfig:
+    """`config` with its largest record copy counts and canary repeat counts dropped, the
+    largest of either kind first (records on a tie), until the planted strings and the user's
+    canaries need at most `members` member documents (`config` itself when they already fit).
+    The user's canaries are never dropped: one line when they alone need more."""
+    users = sum(repeats for _, repeats in config.user_canaries)
+    if users > members:
+        raise PrivacylabError(
+            f"the --canary strings need {users} distinct member documents; the corpus has "
+            f"{members}: lower --repeats or use a larger corpus"
+        )
+    records, canaries = sorted(config.record_copies), sorted(config.canary_repeats)
+    room = members - users
+
+    def need() -> int:
+        return config.records_per_count * sum(records) + config.canaries_per_repeat * sum(canaries)
+
+    while need() > room:
+        if records and records[-1] >= (canaries[-1] if canaries else 0):
+            records.pop()
+        else:
+            canaries.pop()
+    if len(records) == len(config.record_copies) and len(canaries) == len(config.canary_repeats):
+        return config
+    kept = set(records), set(canaries)
+    return replace(
+        config,
+        record_copies=tuple(c for c in config.record_copies if c in kept[0]),
+        canary_repeats=tuple(r for r in config.canary_repeats if r in kept[1]),
+    )
 
 
 def _payload(out: Path, language: dict[str, Any]) -> dict[str, Any]:
