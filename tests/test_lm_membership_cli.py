@@ -11,15 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
 from _cli import command
+from _tiny_lm import train_tiny_gpt
 from privacylab.data.corpus import Corpus, Record
-from privacylab.data.tokenizer import PAD, ByteTokenizer
 from privacylab.lm_membership import run_lm_membership_job
 from privacylab.models import ModelSpec, save_model
-from privacylab.models.gpt import CausalLM
 
 invoke, run_json, fails = command("attack", "lm-membership")
 CONTEXT = 48
@@ -33,18 +30,7 @@ ATTACK_KEYS = {
 
 def _model_folder(folder: Path, corpus: Corpus, steps: int, seed: int, size: str) -> Path:
     """A model folder as `privacylab lm train` writes it: a tiny GPT trained on the members."""
-    torch.manual_seed(seed)
-    model = CausalLM(259, CONTEXT, **OPTIONS)
-    tokenizer = ByteTokenizer()
-    rows = [tokenizer.encode(t, bos=True, eos=True) for t in corpus.texts(corpus.member_indices)]
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
-    x, y = ids[:, :-1], ids[:, 1:].masked_fill(ids[:, 1:] == PAD, -100)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(steps):
-        opt.zero_grad()
-        nn.functional.cross_entropy(model(x).reshape(-1, 259), y.reshape(-1)).backward()
-        opt.step()
+    model = train_tiny_gpt(corpus.texts(corpus.member_indices), steps, seed, CONTEXT)
     language = {
         "size": size, "parameters": sum(p.numel() for p in model.parameters()),
         "context": CONTEXT, "private": False, "epsilon": None, "delta": None,
@@ -52,7 +38,7 @@ def _model_folder(folder: Path, corpus: Corpus, steps: int, seed: int, size: str
         "perplexity": {"members": 2.0, "heldout": 3.0},
     }  # fmt: skip
     spec = ModelSpec("gpt", (CONTEXT,), 259, OPTIONS)
-    save_model(model.eval(), folder, spec, metadata={"language": language})
+    save_model(model, folder, spec, metadata={"language": language})
     corpus.save(folder)
     return folder
 

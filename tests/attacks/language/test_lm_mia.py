@@ -17,6 +17,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
+from _tiny_lm import train_tiny_gpt
 from privacylab.attacks.language import LanguageError, language_class, language_names
 from privacylab.attacks.language.base import make_language
 from privacylab.attacks.language.membership import (
@@ -26,7 +27,7 @@ from privacylab.attacks.language.membership import (
     run_lm_membership,
 )
 from privacylab.data.corpus import Corpus, Record
-from privacylab.data.tokenizer import PAD, ByteTokenizer
+from privacylab.data.tokenizer import ByteTokenizer
 from privacylab.lm_membership import DEFAULT_ATTACKS, choose_attacks, membership_run, roc_points
 from privacylab.models.gpt import CausalLM
 from privacylab.report.metrics import membership_metrics
@@ -75,23 +76,7 @@ def _repetitive(rng: np.random.Generator, n: int) -> list[str]:
 
 
 def _train(texts: list[str], steps: int, seed: int) -> CausalLM:
-    """A 1-block GPT trained by full-batch Adam (lr 1e-2) on BOS + bytes + EOS (PAD ignored)."""
-    torch.manual_seed(seed)
-    model = CausalLM(259, CONTEXT, dim=32, heads=2, blocks=1)
-    if steps == 0:
-        return model.eval()
-    tokenizer = ByteTokenizer()
-    rows = [tokenizer.encode(t, bos=True, eos=True) for t in texts]
-    width = max(len(r) for r in rows)
-    ids = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
-    x, y = ids[:, :-1], ids[:, 1:].masked_fill(ids[:, 1:] == PAD, -100)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = nn.functional.cross_entropy(model(x).reshape(-1, 259), y.reshape(-1))
-        loss.backward()
-        opt.step()
-    return model.eval()
+    return train_tiny_gpt(texts, steps, seed, CONTEXT)
 
 
 @pytest.fixture(scope="module")
