@@ -6,7 +6,8 @@ Candidates (Duan et al. 2024, "Do Membership Inference Attacks Work on Large Lan
 Sec. 3): members are training documents WITHOUT planted strings (records and canaries, whose
 repetition would make membership trivially visible and belongs to extraction and exposure),
 non-members are held-out documents of the same distribution; a seeded, balanced sample of up
-to `documents` of each. The attacker sees the texts only; the truth is attached after scoring.
+to `documents` of each. The attacker sees the texts only, in a seeded shuffled order (members
+are not first); the truth is attached after scoring.
 
 The run is `schemas.md`'s "membership run": target facts, reference facts, document counts,
 per attack its `MembershipMetrics` with a ROC curve of at most `ROC_POINTS` points, the attack
@@ -159,8 +160,8 @@ def membership_run(
     start = time.perf_counter()
     names = choose_attacks(attacks, reference=reference is not None)
     members, heldout = membership_documents(corpus, documents, seed)
-    order = np.concatenate([members, heldout])
-    truth = np.r_[np.ones(members.size, int), np.zeros(heldout.size, int)]
+    order = np.random.default_rng(seed).permutation(np.concatenate([members, heldout]))
+    truth = np.isin(order, members).astype(int)
     task = LMMembershipTask(corpus.texts(order), reference)
     queries = 0
     resumed = 0

@@ -17,6 +17,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch import nn
 
+import privacylab.lm_membership
 from _tiny_lm import train_tiny_gpt
 from privacylab.attacks.language import LanguageError, language_class, language_names
 from privacylab.attacks.language.base import make_language
@@ -226,7 +227,9 @@ def test_one_scoring_pass_serves_every_attack_and_each_is_charged(
         run_lm_membership(make_language("min-k"), budget, task2, truth)
 
 
-def test_membership_run_payload(overfitted: CausalLM, split: tuple[list[str], list[str]]) -> None:
+def test_membership_run_payload(
+    overfitted: CausalLM, split: tuple[list[str], list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
     members, heldout = split
     planted = "Jane Roe, jane@roe.org"
     documents = [m if i > 2 else f"{planted} {i}" for i, m in enumerate(members)] + heldout
@@ -235,6 +238,13 @@ def test_membership_run_payload(overfitted: CausalLM, split: tuple[list[str], li
     corpus = Corpus(documents, flags, records=[record], context=CONTEXT)
     target = LanguageTarget(overfitted, "scores", 259)
     seen: list[tuple[str, float, float]] = []
+    given: list[tuple[tuple[str, ...], np.ndarray]] = []
+
+    def spy(attack, target, task, membership):
+        given.append((task.texts, np.asarray(membership)))
+        return run_lm_membership(attack, target, task, membership)
+
+    monkeypatch.setattr(privacylab.lm_membership, "run_lm_membership", spy)
     run = membership_run(
         target,
         corpus,
@@ -255,6 +265,9 @@ def test_membership_run_payload(overfitted: CausalLM, split: tuple[list[str], li
         assert row["roc"]["tpr"][-1] == 1.0 and row["examples"] == 100
         assert {"tpr_at_1pct_fpr", "advantage", "epsilon_lower_bound"} <= set(row)
     assert seen[-1] == ("membership", 3, 3)
+    texts, truth = given[0]
+    assert truth.sum() == 50 and 0.3 < truth[:50].mean() < 0.7  # members are not listed first
+    assert [text in documents[:60] for text in texts] == truth.astype(bool).tolist()
     again = membership_run(target, corpus, facts={}, attacks=["loss"], documents=50, seed=3)
     assert again["attacks"][0]["auc"] == aucs["loss"]
     small = membership_run(target, corpus, facts={}, attacks=["loss"], documents=1000)
