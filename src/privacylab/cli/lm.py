@@ -29,6 +29,7 @@ from privacylab.cli._common import (
     _say,
     _Stages,
     _stderr,
+    _whole_in,
     _writable_folder,
     app,
 )
@@ -36,6 +37,9 @@ from privacylab.errors import PrivacylabError
 
 if TYPE_CHECKING:
     from privacylab.data.corpus_build import CorpusConfig
+
+MAX_CONTEXT = 1024
+"""Longest --context: the GPT attends over all pairs of positions (memory grows as its square)."""
 
 lm_app = typer.Typer(
     help="Language models: train byte-level GPTs (optionally with DP-SGD) on a corpus with "
@@ -193,7 +197,10 @@ def lm_train_command(
     ] = None,
     batch_size: Annotated[
         int | None,
-        typer.Option("--batch-size", help="Documents per batch (default 64; 256 with --dp)."),
+        typer.Option(
+            "--batch-size",
+            help="Documents per batch (default 64; with --dp 256, at most a third of the members).",
+        ),
     ] = None,
     lr: Annotated[
         float | None,
@@ -201,10 +208,17 @@ def lm_train_command(
     ] = None,
     documents: Annotated[
         int | None,
-        typer.Option("--documents", help="Source documents used, half of them members (2000)."),
+        typer.Option(
+            "--documents",
+            help="Source documents used, half of them members (2000); fewer than 1142 hold "
+            "fewer planted copies.",
+        ),
     ] = None,
     context: Annotated[
-        int | None, typer.Option("--context", help="Tokens per document incl. BOS/EOS (128).")
+        int | None,
+        typer.Option(
+            "--context", help=f"Tokens per document incl. BOS/EOS (128; 16-{MAX_CONTEXT})."
+        ),
     ] = None,
     canary: Annotated[
         list[str] | None,
@@ -240,6 +254,8 @@ def lm_train_command(
             seed=seed,
             device=_device(device),
         ).validate()
+        if context is not None:
+            _whole_in(context, "--context", 16, MAX_CONTEXT)
         _writable_folder(out)
         text = _corpus(
             corpus,
