@@ -252,6 +252,9 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path: Path, corpus: Corpus
     )
     assert epochs == [0, 2, 3]
     whole = train_language_model(corpus, config, tmp_path / "whole")
+    again = train_language_model(corpus, config, tmp_path / "whole")
+    assert again["seconds"] >= whole["seconds"] and again["history"] == whole["history"]
+    assert again["perplexity"] == whole["perplexity"] and again["epsilon"] == whole["epsilon"]
     assert resumed["epsilon"] == whole["epsilon"] and resumed["steps"] == whole["steps"]
     assert resumed["accountant"] == "rdp" and resumed["epsilon"] <= 8.0
     a = load_language_model(tmp_path / "killed").model.state_dict()

@@ -43,6 +43,7 @@ from privacylab.errors import PrivacylabError
 from privacylab.models import ModelSpec, load_model, save_model
 from privacylab.models.errors import ModelError
 from privacylab.models.gpt import CausalLM
+from privacylab.models.storage import SIDECAR_FILE
 from privacylab.target.language import LanguageTarget
 from privacylab.training import PrivacyConfig, TrainConfig, train
 
@@ -302,6 +303,19 @@ def _claim(folder: Path, corpus: Corpus) -> None:
     corpus.save(folder)
 
 
+def _finished_seconds(folder: Path) -> float:
+    """The training seconds a finished earlier run recorded in `folder` (0 when none): a re-run
+    resumes from its final checkpoint and adds only its own time."""
+    if not (folder / SIDECAR_FILE).is_file():
+        return 0.0
+    try:
+        _, _, metadata = load_model(folder)
+    except ModelError:
+        return 0.0
+    seconds = metadata.get("language", {}).get("seconds")
+    return float(seconds) if isinstance(seconds, (int, float)) else 0.0
+
+
 def train_language_model(
     corpus: Corpus,
     config: LMConfig,
@@ -313,7 +327,8 @@ def train_language_model(
     `out` (module docstring); returns its metadata["language"]. Up to `EVAL_DOCUMENTS` held-out
     documents are the trainer's per-epoch evaluation data. The trainer checkpoints after each
     epoch in `out/checkpoint`: a killed run re-run with the same corpus, configuration and
-    `out` resumes to the same weights (and ε). `progress(stage, done, total)` is called after
+    `out` resumes to the same weights (and ε); "seconds" adds the time of a finished earlier run
+    in `out` (a killed run's time is lost). `progress(stage, done, total)` is called after
     each epoch."""
     if not isinstance(corpus, Corpus):
         raise LMError(f"train_language_model needs a Corpus, got {type(corpus).__name__}")
@@ -348,6 +363,7 @@ def train_language_model(
             progress(stage, float(record.epoch), float(epochs))
 
     _claim(folder, corpus)
+    earlier = _finished_seconds(folder)
     start = time.perf_counter()
     if progress is not None:
         progress(stage, 0.0, float(epochs))
@@ -360,7 +376,7 @@ def train_language_model(
         loss_fn=next_token_loss,
         progress=report,
     )
-    seconds = time.perf_counter() - start
+    seconds = earlier + time.perf_counter() - start
     trained = result.model
     spent = result.privacy
     language = {
