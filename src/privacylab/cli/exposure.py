@@ -11,7 +11,6 @@ queries and time. With `--out`, the run joins `results.json` and `index.html` (s
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -21,11 +20,11 @@ from privacylab.cli._common import (
     _device,
     _emit_json,
     _guarded,
-    _path_arg,
     _Stages,
     _stderr,
     _whole_in,
 )
+from privacylab.cli._language import DeviceOpt, ModelFolderOpt, OutOpt, store_option
 from privacylab.cli._reports import check_paths, print_summary
 from privacylab.cli.attack import attack_app
 from privacylab.errors import PrivacylabError
@@ -49,14 +48,12 @@ def _rows(run: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(run["canaries"], key=lambda c: (bool(c["user"]), c["repeats"], c["prefix"]))
 
 
+StoreOpt = store_option(STORE, "finished canary formats")
+
+
 @attack_app.command("exposure")
 def attack_exposure_command(
-    target: Annotated[
-        Path,
-        typer.Option(
-            "--target", help="Model folder written by `privacylab lm train`.", parser=_path_arg
-        ),
-    ],
+    target: ModelFolderOpt,
     method: Annotated[
         str,
         typer.Option(
@@ -74,20 +71,9 @@ def attack_exposure_command(
         typer.Option("--enumerate-limit", help="Largest space that auto enumerates."),
     ] = 10**6,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled candidates.")] = 0,
-    store: Annotated[
-        Path | None,
-        typer.Option(
-            "--store",
-            help=f"Result store of finished canary formats (default TARGET/{STORE}); a re-run "
-            "resumes from it.",
-            parser=_path_arg,
-        ),
-    ] = None,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
-    out: Annotated[
-        Path | None,
-        typer.Option("--out", help="Write results.json and index.html here.", parser=_path_arg),
-    ] = None,
+    store: StoreOpt = None,
+    device: DeviceOpt = "cpu",
+    out: OutOpt = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Rank each planted canary's secret among all candidate secrets by log-perplexity under

@@ -23,6 +23,7 @@ from privacylab.cli._common import (
     _Stages,
     _stderr,
 )
+from privacylab.cli._language import DeviceOpt, ModelFolderOpt, OutOpt, store_option
 from privacylab.cli._reports import check_paths, print_summary
 from privacylab.cli.attack import attack_app
 from privacylab.errors import PrivacylabError
@@ -33,14 +34,12 @@ def _summary_rows(run: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"strategy": s, **run["table"][s]} for s in run["strategies"]]
 
 
+StoreOpt = store_option("generations.sqlite", "the generations")
+
+
 @attack_app.command("lm-extraction")
 def attack_lm_extraction_command(
-    target: Annotated[
-        Path,
-        typer.Option(
-            "--target", help="Model folder written by `privacylab lm train`.", parser=_path_arg
-        ),
-    ],
+    target: ModelFolderOpt,
     strategy: Annotated[
         str,
         typer.Option(
@@ -71,20 +70,9 @@ def attack_lm_extraction_command(
             "memorised (the paper's 50-token window; tokens are bytes here).",
         ),
     ] = 50,
-    store: Annotated[
-        Path | None,
-        typer.Option(
-            "--store",
-            help="Result store of the generations (default TARGET/generations.sqlite); a "
-            "re-run resumes from it.",
-            parser=_path_arg,
-        ),
-    ] = None,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
-    out: Annotated[
-        Path | None,
-        typer.Option("--out", help="Write results.json and index.html here.", parser=_path_arg),
-    ] = None,
+    store: StoreOpt = None,
+    device: DeviceOpt = "cpu",
+    out: OutOpt = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Generate samples from a language model, rank them by six membership metrics and check

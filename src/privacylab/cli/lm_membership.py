@@ -26,6 +26,7 @@ from privacylab.cli._common import (
     _Stages,
     _stderr,
 )
+from privacylab.cli._language import DeviceOpt, ModelFolderOpt, OutOpt, store_option
 from privacylab.cli._reports import check_paths, print_summary
 from privacylab.cli.attack import attack_app
 from privacylab.errors import PrivacylabError
@@ -45,14 +46,12 @@ SUMMARY = (
 """(key, header) of the terminal summary, one row per attack."""
 
 
+StoreOpt = store_option(STORE, "finished attacks")
+
+
 @attack_app.command("lm-membership")
 def attack_lm_membership_command(
-    target: Annotated[
-        Path,
-        typer.Option(
-            "--target", help="Model folder written by `privacylab lm train`.", parser=_path_arg
-        ),
-    ],
+    target: ModelFolderOpt,
     reference: Annotated[
         Path | None,
         typer.Option(
@@ -77,24 +76,9 @@ def attack_lm_membership_command(
         ),
     ] = 500,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the document sample.")] = 0,
-    store: Annotated[
-        Path | None,
-        typer.Option(
-            "--store",
-            help=f"Result store of finished attacks (default TARGET/{STORE}); a re-run resumes "
-            "from it.",
-            parser=_path_arg,
-        ),
-    ] = None,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out",
-            help="Add the run to the report (results.json, index.html) here.",
-            parser=_path_arg,
-        ),
-    ] = None,
+    store: StoreOpt = None,
+    device: DeviceOpt = "cpu",
+    out: OutOpt = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Was a document in the training set? Score member documents (without planted strings)
