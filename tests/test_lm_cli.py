@@ -173,7 +173,8 @@ def test_planted_counts_shrink_to_the_member_documents(
         (["--epochs", "0"], "epochs"),
         (["--canary", "a {12}", "--canary", "b {34}", "--repeats", "2"], "2 --canary"),
         (["--canary", "x" * 200 + " {1234}"], "context"),
-        (["--context", "100000"], "--context must be a whole number in [16, 1,024]"),
+        (["--context", "100000"], "--context must be a whole number in [32, 1,024]"),
+        (["--context", "24", "--documents", "300"], "--context must be a whole number in [32"),
         (["--documents", "8", "--canary", "a {12}", "--repeats", "5"], "need 5 distinct member"),
     ],
 )

@@ -38,8 +38,9 @@ from privacylab.errors import PrivacylabError
 if TYPE_CHECKING:
     from privacylab.data.corpus_build import CorpusConfig
 
-MAX_CONTEXT = 1024
-"""Longest --context: the GPT attends over all pairs of positions (memory grows as its square)."""
+MIN_CONTEXT, MAX_CONTEXT = 32, 1024
+"""--context's range: the shortest planted record ('Ann: (201) 555-0100') needs about 28 tokens
+with some host text; the GPT attends over all pairs of positions (memory grows as the square)."""
 
 lm_app = typer.Typer(
     help="Language models: train byte-level GPTs (optionally with DP-SGD) on a corpus with "
@@ -93,13 +94,14 @@ def _corpus(
     )
     members = len(build_corpus(bare, texts=texts).member_indices)
     fitted = _fit_planted(config, members)
+    built = build_corpus(fitted, texts=texts)
     if fitted != config:
         _say(
             _stderr(),
             f"note: {members} member documents hold {_planted(fitted)}, not "
             f"{_planted(config)}; a larger corpus (--documents) holds them all",
         )
-    return build_corpus(fitted, texts=texts)
+    return built
 
 
 def _planted(config: CorpusConfig) -> str:
@@ -217,7 +219,8 @@ def lm_train_command(
     context: Annotated[
         int | None,
         typer.Option(
-            "--context", help=f"Tokens per document incl. BOS/EOS (128; 16-{MAX_CONTEXT})."
+            "--context",
+            help=f"Tokens per document incl. BOS/EOS (128; {MIN_CONTEXT}-{MAX_CONTEXT}).",
         ),
     ] = None,
     canary: Annotated[
@@ -255,7 +258,7 @@ def lm_train_command(
             device=_device(device),
         ).validate()
         if context is not None:
-            _whole_in(context, "--context", 16, MAX_CONTEXT)
+            _whole_in(context, "--context", MIN_CONTEXT, MAX_CONTEXT)
         _writable_folder(out)
         text = _corpus(
             corpus,
