@@ -175,6 +175,10 @@ def test_planted_counts_shrink_to_the_member_documents(
         (["--canary", "x" * 200 + " {1234}"], "context"),
         (["--context", "100000"], "--context must be a whole number in [32, 1,024]"),
         (["--context", "24", "--documents", "300"], "--context must be a whole number in [32"),
+        (
+            ["--documents", "60", "--dp", "--epsilon", "8", "--batch-size", "99"],
+            "batch size 99 exceeds the 30 member documents",
+        ),
         (["--documents", "8", "--canary", "a {12}", "--repeats", "5"], "need 5 distinct member"),
     ],
 )

@@ -58,8 +58,9 @@ def _corpus(
     canaries: list[str],
     repeats: list[int],
     seed: int,
-) -> Any:
-    """The corpus named by --corpus (see the module docstring)."""
+) -> tuple[Any, str | None]:
+    """The corpus named by --corpus (see the module docstring) and the note saying how its
+    planted copies were cut to fit (None when they were not)."""
     from privacylab.data.corpus import CORPUS_FILE, load_corpus
     from privacylab.data.corpus_build import CorpusConfig, build_corpus, read_text_corpus
 
@@ -81,7 +82,7 @@ def _corpus(
                 f"{', '.join(given)} cannot change a saved corpus ({source}); use a text file "
                 "or --corpus default"
             )
-        return load_corpus(path)
+        return load_corpus(path), None
     options: dict[str, Any] = {"user_canaries": pairs, "seed": seed}
     if documents is not None:
         options["documents"] = documents
@@ -94,14 +95,13 @@ def _corpus(
     )
     members = len(build_corpus(bare, texts=texts).member_indices)
     fitted = _fit_planted(config, members)
-    built = build_corpus(fitted, texts=texts)
+    note = None
     if fitted != config:
-        _say(
-            _stderr(),
+        note = (
             f"note: {members} member documents hold {_planted(fitted)}, not "
-            f"{_planted(config)}; a larger corpus (--documents) holds them all",
+            f"{_planted(config)}; a larger corpus (--documents) holds them all"
         )
-    return built
+    return build_corpus(fitted, texts=texts), note
 
 
 def _planted(config: CorpusConfig) -> str:
@@ -260,7 +260,7 @@ def lm_train_command(
         if context is not None:
             _whole_in(context, "--context", MIN_CONTEXT, MAX_CONTEXT)
         _writable_folder(out)
-        text = _corpus(
+        text, note = _corpus(
             corpus,
             documents=documents,
             context=context,
@@ -270,6 +270,8 @@ def lm_train_command(
         )
         with _Stages(_stderr()) as stages:
             language = train_language_model(text, config, out, progress=stages)
+        if note is not None:
+            _say(_stderr(), note)
         payload = _payload(out, language)
         if json_output:
             _emit_json(payload)
