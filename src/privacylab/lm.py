@@ -78,7 +78,9 @@ EPOCHS: dict[str, int] = {"tiny": 20, "small": 12, "medium": 12}
 the machine shared) on the default corpus (1,000 member documents, context 128): tiny 52,
 small 136, medium 422 CPU-seconds in all (training and the trainer's per-epoch evaluation),
 perplexity members / held-out 8.4 / 15.2, 4.7 / 13.3 and 3.0 / 13.5; medium's planted records
-with >= 8 copies reach 1.06-1.56 per-token perplexity (1 copy: 2.6)."""
+with >= 8 copies reach 1.06-1.56 per-token perplexity (1 copy: 2.6). Nothing here sets torch's
+threads: `privacylab lm train` runs with torch's default, one per core (2 here), unless
+OMP_NUM_THREADS says otherwise."""
 
 DP_EPOCHS: dict[str, int] = {"tiny": 20, "small": 12, "medium": 12}
 """Private default epochs per size. Li et al. 2022 (Sec. 3) train longer under DP; a DP epoch of
