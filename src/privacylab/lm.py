@@ -24,6 +24,7 @@ Sec. 6.1, "perplexity" of a sequence, pooled over documents).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -43,7 +44,7 @@ from privacylab.errors import PrivacylabError
 from privacylab.models import ModelSpec, load_model, save_model
 from privacylab.models.errors import ModelError
 from privacylab.models.gpt import CausalLM
-from privacylab.models.storage import SIDECAR_FILE
+from privacylab.models.storage import SIDECAR_FILE, WEIGHTS_FILE
 from privacylab.target.language import LanguageTarget
 from privacylab.training import PrivacyConfig, TrainConfig, train
 
@@ -54,6 +55,7 @@ __all__ = [
     "LMError",
     "LoadedLM",
     "document_perplexity",
+    "folder_digest",
     "language_target",
     "lm_examples",
     "load_language_model",
@@ -452,6 +454,22 @@ def language_target(
         query_budget=query_budget,
         device=device,
     )
+
+
+def folder_digest(*folders: str | Path | None) -> str:
+    """sha256 of the weights, sidecar and corpus of each model folder (None: no model), in
+    order: what a stored generation or attack result was computed on, so that a re-run on
+    another model never resumes from it."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        digest.update(b"\0folder\0" if folder is not None else b"\0none\0")
+        if folder is None:
+            continue
+        for name in (WEIGHTS_FILE, SIDECAR_FILE, CORPUS_FILE):
+            path = Path(folder) / name
+            if path.is_file():
+                digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def target_facts(folder: str | Path) -> dict[str, Any]:

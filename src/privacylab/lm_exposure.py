@@ -25,7 +25,6 @@ stored as they finish, so a re-run after a kill resumes with the formats still m
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -205,15 +204,6 @@ def exposure_run(
     }
 
 
-def _identity(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for name in ("model.safetensors", "model.json", "corpus.json"):
-        path = folder / name
-        if path.is_file():
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 def run_exposure(
     target_dir: str | Path,
     *,
@@ -229,7 +219,7 @@ def run_exposure(
     """The exposure run of the model folder `target_dir` (a `privacylab lm train` folder): its
     corpus' canaries ranked under its model (scores access). `store`: a result-store file that
     makes the run resumable."""
-    from privacylab.lm import language_target, load_language_model, target_facts
+    from privacylab.lm import folder_digest, language_target, load_language_model, target_facts
 
     folder = Path(target_dir)
     loaded = load_language_model(folder)
@@ -246,6 +236,6 @@ def run_exposure(
             batch_size=batch_size,
             seed=seed,
             store=results,
-            identity=_identity(folder) if store is not None else "",
+            identity=folder_digest(folder) if store is not None else "",
             progress=progress,
         )

@@ -20,7 +20,6 @@ None when all came from the store). Returns the "extraction run" dict of the rep
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,7 +37,7 @@ from privacylab.attacks.language.extraction import (
 from privacylab.attacks.language.generation import STRATEGIES, Sampling
 from privacylab.attacks.language.index import TrainingIndex
 from privacylab.execution.store import ResultStore
-from privacylab.lm import language_target, load_language_model, target_facts
+from privacylab.lm import folder_digest, language_target, load_language_model, target_facts
 
 __all__ = ["STORE_FILE", "parse_strategies", "run_lm_extraction"]
 
@@ -62,14 +61,6 @@ def parse_strategies(strategies: str | Sequence[str]) -> list[str]:
     if len(set(names)) != len(names):
         raise LanguageError(f"strategy listed twice: {','.join(names)}")
     return names
-
-
-def _weights_digest(folder: Path) -> str:
-    digest = hashlib.sha256()
-    for file in sorted(folder.glob("model.*")):
-        digest.update(file.name.encode())
-        digest.update(file.read_bytes())
-    return digest.hexdigest()
 
 
 def _reference_names(folders: Sequence[Path], sizes: Sequence[Any]) -> list[str]:
@@ -116,7 +107,7 @@ def run_lm_extraction(
         public_text=corpus.texts(corpus.heldout_indices),
         references={n: m.model for n, m in zip(ref_names, ref_models, strict=True)},
         progress=progress,
-        store_key={"target": str(folder.resolve()), "weights": _weights_digest(folder)},
+        store_key={"target": str(folder.resolve()), "weights": folder_digest(folder)},
     )
     start = time.perf_counter()
     runs: list[ExtractionCandidates] = []

@@ -22,7 +22,6 @@ are recomputed from them on the one metrics path. `resumed` counts the attacks r
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +46,6 @@ __all__ = [
     "choose_attacks",
     "membership_documents",
     "membership_run",
-    "model_identity",
     "roc_points",
     "run_lm_membership_job",
 ]
@@ -229,21 +227,6 @@ def _stored_result(done: dict[str, Any], truth: np.ndarray) -> MembershipResult:
     )
 
 
-def model_identity(*folders: str | Path | None) -> str:
-    """sha256 of the model, sidecar and corpus files of each folder (None: no model), in order:
-    what a stored attack result was computed on."""
-    digest = hashlib.sha256()
-    for folder in folders:
-        digest.update(b"\0folder\0" if folder is not None else b"\0none\0")
-        if folder is None:
-            continue
-        for name in ("model.safetensors", "model.json", "corpus.json"):
-            path = Path(folder) / name
-            if path.is_file():
-                digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 def run_lm_membership_job(
     target_dir: str | Path,
     *,
@@ -260,7 +243,7 @@ def run_lm_membership_job(
     membership run. With `store` (a SQLite file), finished attacks are stored and a re-run
     resumes. Attack names are checked before any model is loaded."""
     choose_attacks(attacks, reference=reference is not None)
-    from privacylab.lm import language_target, load_language_model, target_facts
+    from privacylab.lm import folder_digest, language_target, load_language_model, target_facts
 
     loaded = load_language_model(target_dir)
     target = language_target(target_dir, "scores", device=device)
@@ -285,6 +268,6 @@ def run_lm_membership_job(
             target,
             loaded.corpus,
             store=results,
-            identity=model_identity(target_dir, reference),
+            identity=folder_digest(target_dir, reference),
             **options,
         )
