@@ -44,7 +44,7 @@ from privacylab.attacks.language.base import (
 )
 from privacylab.attacks.language.generation import Sampling, generate_samples
 from privacylab.attacks.language.index import TrainingIndex
-from privacylab.attacks.language.scoring import score_texts
+from privacylab.attacks.language.scoring import lowercased, score_texts
 from privacylab.data.corpus import Corpus
 from privacylab.stats.language import extraction_metrics
 from privacylab.target import Access
@@ -240,7 +240,7 @@ def rank_texts(
         else:
             empty += 1
     distinct = list(counts)
-    lowered = [_fit(t.lower(), budget) or t for t in distinct]
+    lowered = [lowercased(t) for t in distinct]
     if distinct:
         own = [s.log_probs for s in score_texts(target, distinct)]
         lower = [s.log_probs for s in score_texts(target, lowered)]

@@ -51,7 +51,7 @@ from privacylab.attacks.language.base import (
     register_language,
     whole_option,
 )
-from privacylab.attacks.language.scoring import TextScores, score_texts
+from privacylab.attacks.language.scoring import TextScores, lowercased, score_texts
 from privacylab.attacks.membership.result import MembershipResult
 from privacylab.stats.language import membership_scores
 from privacylab.target import Access
@@ -61,7 +61,6 @@ __all__ = [
     "LMMembershipAttack",
     "LMMembershipOutput",
     "LMMembershipTask",
-    "lowercased",
     "run_lm_membership",
 ]
 
@@ -122,16 +121,6 @@ class LMMembershipTask:
         scores = score_texts(recording, texts, moments=True, batch_size=batch_size)
         self._passes.append(_Pass(ledger, variant, batch_size, scores, batches))
         return scores
-
-
-def lowercased(text: str) -> str:
-    """`text.lower()` (Carlini et al. 2021's lowercase metric), except characters whose
-    lowercase form has more UTF-8 bytes (e.g. "İ"), kept as they are so that the lowercased
-    text fits the same context as the original."""
-    low = text.lower()
-    if len(low.encode("utf-8")) <= len(text.encode("utf-8")):
-        return low
-    return "".join(c if len(c.lower().encode()) > len(c.encode()) else c.lower() for c in text)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from privacylab.attacks.language.base import LanguageError
 from privacylab.stats.language import distribution_moments
 from privacylab.target.language import LanguageTarget
 
-__all__ = ["TextScores", "score_texts"]
+__all__ = ["TextScores", "lowercased", "score_texts"]
 
 
 @dataclass(frozen=True)
@@ -75,3 +75,13 @@ def score_texts(
                 None if sigma is None else sigma[j, :n].copy(),
             )
     return [s for s in out if s is not None]
+
+
+def lowercased(text: str) -> str:
+    """`text.lower()` (Carlini et al. 2021's lowercase metric), except characters whose
+    lowercase form has more UTF-8 bytes (e.g. "İ"), kept as they are so that the lowercased
+    text fits the same context as the original."""
+    low = text.lower()
+    if len(low.encode("utf-8")) <= len(text.encode("utf-8")):
+        return low
+    return "".join(c if len(c.lower().encode()) > len(c.encode()) else c.lower() for c in text)
