@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from _cli import command
+from _tiny_lm import train_tiny_gpt
 from privacylab.data.corpus import Corpus, Record
-from privacylab.data.tokenizer import ByteTokenizer
 from privacylab.lm_extract import parse_strategies, run_lm_extraction
 from privacylab.models import ModelSpec, save_model
 from privacylab.models.gpt import CausalLM
@@ -65,15 +64,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
         records=[Record(RECORD, dict(FIELDS), len(hosts), hosts)],
         context=CONTEXT,
     )
-    torch.manual_seed(0)
-    model = CausalLM(259, CONTEXT, **OPTIONS)
-    batch = ByteTokenizer().batch(members, CONTEXT)
-    x, y = batch[:, :-1], batch[:, 1:].masked_fill(batch[:, 1:] == 258, -100)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(150):
-        optimizer.zero_grad()
-        F.cross_entropy(model(x).transpose(1, 2), y, ignore_index=-100).backward()
-        optimizer.step()
+    model = train_tiny_gpt(members, steps=150, seed=0, context=CONTEXT)
     torch.manual_seed(1)
     reference = CausalLM(259, CONTEXT, **OPTIONS)
     return (

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
+from _tiny_lm import train_tiny_gpt
 from privacylab.attacks.core import execute
 from privacylab.attacks.language import LanguageError, make_language
 from privacylab.attacks.language.extraction import (
@@ -34,7 +34,6 @@ from privacylab.attacks.language.extraction import (
 from privacylab.attacks.language.generation import Sampling
 from privacylab.attacks.language.index import TrainingIndex
 from privacylab.data.corpus import Canary, Corpus, Record
-from privacylab.data.tokenizer import ByteTokenizer
 from privacylab.execution.store import ResultStore
 from privacylab.models.gpt import CausalLM
 from privacylab.target.language import LanguageTarget
@@ -83,17 +82,7 @@ def corpus() -> Corpus:
 
 @pytest.fixture(scope="module")
 def trained() -> CausalLM:
-    model = tiny_lm(0)
-    batch = ByteTokenizer().batch(MEMBERS, CONTEXT)
-    x, y = batch[:, :-1], batch[:, 1:].masked_fill(batch[:, 1:] == 258, -100)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(160):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x).transpose(1, 2), y, ignore_index=-100)
-        loss.backward()
-        optimizer.step()
-    assert loss.item() < 0.3
-    return model.eval()
+    return train_tiny_gpt(MEMBERS, steps=160, seed=0, context=CONTEXT)
 
 
 def attack_run(model: CausalLM, corpus: Corpus, **options: Any) -> tuple[Any, dict[str, Any]]:

@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chisquare
 from torch import Tensor, nn
 
+from _tiny_lm import train_tiny_gpt
 from privacylab.attacks.language import LanguageError
 from privacylab.attacks.language.generation import (
     STRATEGIES,
@@ -72,19 +72,7 @@ def fixed_logits() -> Tensor:
 @pytest.fixture(scope="module")
 def parrot() -> CausalLM:
     """A one-block GPT trained to near-zero loss on BOS + SENTENCE + EOS."""
-    torch.manual_seed(0)
-    model = CausalLM(VOCAB_SIZE, CONTEXT, dim=32, heads=2, blocks=1)
-    x = ByteTokenizer().batch([SENTENCE], CONTEXT)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(120):
-        logits = model(x[:, :-1])
-        loss = F.cross_entropy(
-            logits.reshape(-1, VOCAB_SIZE), x[:, 1:].reshape(-1), ignore_index=PAD
-        )
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
+    return train_tiny_gpt([SENTENCE], steps=120, seed=0, context=CONTEXT)
 
 
 def random_target() -> LanguageTarget:
