@@ -22,17 +22,20 @@ et al. 2016 (extraction: task = a query distribution), breaching's server/user/a
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
+
+import numpy as np
 
 from privacylab.target import Access, Target
 
 TaskT = TypeVar("TaskT")
 OutputT = TypeVar("OutputT")
 
-__all__ = ["Attack", "Execution", "ThreatModel", "execute"]
+__all__ = ["Attack", "Execution", "ThreatModel", "execute", "number_option", "whole_option"]
 
 
 @dataclass(frozen=True)
@@ -95,3 +98,26 @@ def execute(attack: Attack[TaskT, OutputT], target: Target, task: TaskT) -> Exec
     output = attack.run(view, task)
     seconds = time.perf_counter() - start
     return Execution(output=output, queries=view.queries, seconds=seconds, access=access)
+
+
+def whole_option(
+    error: type[Exception], attack: str, name: str, value: object, low: int = 1
+) -> int:
+    """`value` as a whole number >= `low`, else a one-line `error` naming `attack`'s option
+    `name` (bools refused): the check every family's attack options share."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise error(f"{attack}: {name} must be a whole number >= {low}, got {value!r}")
+    return int(value)
+
+
+def number_option(
+    error: type[Exception], attack: str, name: str, value: object, *, zero: bool = False
+) -> float:
+    """`value` as a finite number > 0 (>= 0 with `zero`), else a one-line `error` naming
+    `attack`'s option `name` (bools refused)."""
+    real = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
+    number = float(value) if real else math.nan  # type: ignore[arg-type]
+    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
+        bound = ">= 0" if zero else "> 0"
+        raise error(f"{attack}: {name} must be a finite number {bound}, got {value!r}")
+    return number

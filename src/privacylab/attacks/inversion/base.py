@@ -22,7 +22,6 @@ The attacker's replay of a client is `privacylab.federated.local_update` with
 
 from __future__ import annotations
 
-import math
 from abc import abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -33,6 +32,8 @@ import torch
 from torch import Tensor, nn
 
 from privacylab.attacks.core import Attack, ThreatModel, execute
+from privacylab.attacks.core import number_option as core_number
+from privacylab.attacks.core import whole_option as core_whole
 from privacylab.errors import PrivacylabError
 from privacylab.federated import LocalTraining, ObservedUpdate, local_update
 from privacylab.federated.clients import split_evenly, weighted_mean
@@ -79,22 +80,13 @@ class InversionError(PrivacylabError, ValueError):
 
 
 def whole_option(attack: str, name: str, value: object, low: int = 1) -> int:
-    """`value` as a whole number >= `low`, else a one-line InversionError naming `attack`'s
-    option `name` (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise InversionError(f"{attack}: {name} must be a whole number >= {low}, got {value!r}")
-    return int(value)
+    """`value` as a whole number >= `low`, else a one-line InversionError (bools refused)."""
+    return core_whole(InversionError, attack, name, value, low)
 
 
 def number_option(attack: str, name: str, value: object, *, zero: bool = False) -> float:
-    """`value` as a finite number > 0 (>= 0 with `zero`), else a one-line InversionError naming
-    `attack`'s option `name` (bools refused)."""
-    real = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
-    number = float(value) if real else math.nan  # type: ignore[arg-type]
-    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
-        bound = ">= 0" if zero else "> 0"
-        raise InversionError(f"{attack}: {name} must be a finite number {bound}, got {value!r}")
-    return number
+    """`value` as a finite number > 0 (>= 0 with `zero`), else a one-line InversionError."""
+    return core_number(InversionError, attack, name, value, zero=zero)
 
 
 class InversionAttack(Attack[Any, Any]):

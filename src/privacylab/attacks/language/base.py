@@ -19,13 +19,12 @@ are `privacylab.stats.language`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import numpy as np
-
 from privacylab.attacks.core import Attack, ThreatModel
+from privacylab.attacks.core import number_option as core_number
+from privacylab.attacks.core import whole_option as core_whole
 from privacylab.errors import PrivacylabError
 from privacylab.registry import Registry
 
@@ -59,19 +58,12 @@ class LanguageError(PrivacylabError, ValueError):
 
 def whole_option(attack: str, name: str, value: object, low: int = 1) -> int:
     """`value` as a whole number >= `low`, else a one-line LanguageError (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise LanguageError(f"{attack}: {name} must be a whole number >= {low}, got {value!r}")
-    return int(value)
+    return core_whole(LanguageError, attack, name, value, low)
 
 
 def number_option(attack: str, name: str, value: object, *, zero: bool = False) -> float:
     """`value` as a finite number > 0 (>= 0 with `zero`), else a one-line LanguageError."""
-    real = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
-    number = float(value) if real else math.nan  # type: ignore[arg-type]
-    if not math.isfinite(number) or number < 0 or (number == 0 and not zero):
-        bound = ">= 0" if zero else "> 0"
-        raise LanguageError(f"{attack}: {name} must be a finite number {bound}, got {value!r}")
-    return number
+    return core_number(LanguageError, attack, name, value, zero=zero)
 
 
 def fraction_option(attack: str, name: str, value: object) -> float:
