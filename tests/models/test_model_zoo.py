@@ -39,7 +39,7 @@ def example_batch(name: str, shape: tuple[int, ...], n: int = 3) -> torch.Tensor
 
 
 def test_names() -> None:
-    assert model_names() == ["cnn", "lenet", "logreg", "mlp", "scatnet", "transformer"]
+    assert model_names() == ["cnn", "gpt", "lenet", "logreg", "mlp", "scatnet", "transformer"]
     assert model_options("mlp") == {"widths": (512, 256), "activation": "relu", "dropout": 0.0}
 
 

@@ -15,49 +15,35 @@ work instead of re-running the whole prefix.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
 from privacylab.models import _checks
 from privacylab.models.errors import ModelError
 from privacylab.models.registry import register_model
+from privacylab.models.transformer import SelfAttention
 
 Cache = list[tuple[Tensor, Tensor]]
 """Per block, the keys and values of the positions seen so far, each (n, heads, t, head_dim)."""
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(SelfAttention):
     """Multi-head self-attention where position i attends to positions <= i only."""
 
-    def __init__(self, dim: int, heads: int, dropout: float = 0.0) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(
+    def forward(  # type: ignore[override]
         self, x: Tensor, past: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         """`x` (..., L, dim) for the L newest positions, `past` the keys/values before them;
         returns the output and the keys/values of all positions."""
-        *batch, length, dim = x.shape
-        head_dim = dim // self.heads
-        qkv = self.qkv(x).reshape(*batch, length, 3, self.heads, head_dim)
-        q, k, v = qkv.movedim(-3, 0).transpose(-3, -2).unbind(0)
+        length = x.shape[-2]
+        q, k, v = self.project(x)
         if past is not None:
             k = torch.cat([past[0], k], dim=-2)
             v = torch.cat([past[1], v], dim=-2)
         total = k.shape[-2]
-        scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
         rows = torch.arange(total - length, total, device=x.device)[:, None]
         cols = torch.arange(total, device=x.device)[None, :]
-        scores = scores.masked_fill(cols > rows, torch.finfo(scores.dtype).min)
-        attention = self.dropout(scores.softmax(dim=-1))
-        out = (attention @ v).transpose(-3, -2).reshape(*batch, length, dim)
-        return self.proj(out), (k, v)
+        return self.attend(q, k, v, cols > rows), (k, v)
 
 
 class CausalBlock(nn.Module):

@@ -30,18 +30,28 @@ class SelfAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.dropout = nn.Dropout(dropout)
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of `x` (..., L, dim), each (..., heads, L, head_dim)."""
+        *batch, length, dim = x.shape
+        qkv = self.qkv(x).reshape(*batch, length, 3, self.heads, dim // self.heads)
+        q, k, v = qkv.movedim(-3, 0).transpose(-3, -2).unbind(0)
+        return q, k, v
+
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hidden: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Eq. 1 of Vaswani et al. with the scores where `hidden` is True masked out, heads
+        merged and projected: (..., L, dim)."""
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        if hidden is not None:
+            scores = scores.masked_fill(hidden, torch.finfo(scores.dtype).min)
+        out = self.dropout(scores.softmax(dim=-1)) @ v
+        return self.proj(out.transpose(-3, -2).flatten(-2))
+
     def forward(self, x: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
         """`x` (n, L, dim); `keep` (n, L) bool marks the keys that may be attended to."""
-        *batch, length, dim = x.shape
-        head_dim = dim // self.heads
-        qkv = self.qkv(x).reshape(*batch, length, 3, self.heads, head_dim)
-        q, k, v = qkv.movedim(-3, 0).transpose(-3, -2).unbind(0)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(head_dim)
-        if keep is not None:
-            scores = scores.masked_fill(~keep[..., None, None, :], torch.finfo(scores.dtype).min)
-        attention = self.dropout(scores.softmax(dim=-1))
-        out = (attention @ v).transpose(-3, -2).reshape(*batch, length, dim)
-        return self.proj(out)
+        q, k, v = self.project(x)
+        return self.attend(q, k, v, None if keep is None else ~keep[..., None, None, :])
 
 
 class Block(nn.Module):
