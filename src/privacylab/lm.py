@@ -17,6 +17,12 @@ parameter count, context, privacy, epochs, seconds and perplexities) and `corpus
 truth: members, planted records and canaries). `load_language_model`, `language_target` and
 `target_facts` read it back for the attack jobs.
 
+Fine-tuning (Li et al. 2022's setting, Sec. 3: DP fine-tuning of a publicly pretrained model):
+`LMConfig.init` names a model folder whose weights (same spec: gpt, same size and context) are
+the starting point; training then proceeds on the given corpus as from scratch. No pretrained
+weights can be downloaded here, so the pretrained model is one of ours, trained on the public
+pydoc chunks the private corpus does not use (`privacylab.data.corpus_build.public_corpus`).
+
 Perplexity is per token over documents framed as BOS + text + EOS (every token after BOS is
 predicted): exp of the mean negative log-likelihood of all those tokens (Carlini et al. 2021,
 Sec. 6.1, "perplexity" of a sequence, pooled over documents).
@@ -25,6 +31,7 @@ Sec. 6.1, "perplexity" of a sequence, pooled over documents).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -122,7 +129,8 @@ class LMConfig:
     """How to train a language model. `epochs`, `lr`, `batch_size` and `max_grad_norm` None take
     the defaults of the size and of the privacy (non-private or DP, see the module constants);
     `epsilon` None trains non-privately, else DP-SGD to (`epsilon`, `delta`) as bounded by
-    `accountant` (privacylab.accounting's names: "pld" by default, "rdp", ...)."""
+    `accountant` (privacylab.accounting's names: "pld" by default, "rdp", ...); `init` a model
+    folder whose weights start the training (fine-tuning; None: a seeded random start)."""
 
     size: str = "small"
     epochs: int | None = None
@@ -135,6 +143,7 @@ class LMConfig:
     seed: int = 0
     device: str = "cpu"
     options: dict[str, int] = field(default_factory=dict)
+    init: str | None = None
 
     @property
     def private(self) -> bool:
@@ -157,6 +166,8 @@ class LMConfig:
                 raise LMError(f"unknown gpt option {key!r}; allowed: dim, heads, blocks")
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LMError(f"gpt option {key} must be a whole number >= 1, got {value!r}")
+        if self.init is not None and not Path(self.init).is_dir():
+            raise LMError(f"--init {self.init} is not a model folder")
         self.train_config().validate()
         return self
 
@@ -307,6 +318,57 @@ def _claim(folder: Path, corpus: Corpus) -> None:
     corpus.save(folder)
 
 
+INIT_FILE = "init.json"
+"""Written beside corpus.json before fine-tuning: the init folder and its digest, so that a
+re-run (which resumes from the checkpoint) is refused when it brings other starting weights."""
+
+
+def _initial_weights(init: str | Path, spec: ModelSpec) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """The state dict of the model folder `init` and {"folder", "digest"}; LMError (one line)
+    naming the first mismatch with `spec` (architecture, context, size)."""
+    path = Path(init)
+    if not path.is_dir():
+        raise LMError(f"--init {path} is not a model folder")
+    try:
+        model, given, _ = load_model(path)
+    except ModelError as error:
+        raise LMError(f"--init {path}: {error}") from None
+    if given.name != spec.name:
+        raise LMError(f"--init {path} holds a {given.name!r} model, not a language model (gpt)")
+    if tuple(given.input_shape) != tuple(spec.input_shape):
+        raise LMError(
+            f"--init {path} has context {given.input_shape[0]}; this corpus has context "
+            f"{spec.input_shape[0]}"
+        )
+    if dict(given.options) != dict(spec.options):
+        raise LMError(
+            f"--init {path} is a gpt of {dict(given.options)}; this run trains "
+            f"{dict(spec.options)} (another --size)"
+        )
+    return model.state_dict(), {"folder": str(path), "digest": folder_digest(path)}
+
+
+def _claim_init(folder: Path, init: dict[str, Any] | None, resumed: bool) -> None:
+    """Record `init` in `folder/INIT_FILE`, or LMError when a run in `folder` (`resumed`: its
+    corpus.json was there before this run) started from other weights."""
+    path = folder / INIT_FILE
+    if path.is_file():
+        try:
+            earlier = json.loads(path.read_text())
+        except (OSError, ValueError):
+            earlier = {"init": "unreadable"}
+    else:
+        earlier = {"init": None} if resumed else None
+    now = {"init": None if init is None else init["digest"]}
+    if earlier is not None and earlier != now:
+        raise LMError(
+            f"{folder} holds a model fine-tuned from other weights (another --init); use another "
+            "output folder or delete it"
+        )
+    if earlier is None or not path.is_file():
+        path.write_text(json.dumps(now))
+
+
 def _finished_seconds(folder: Path) -> float:
     """The training seconds a finished earlier run recorded in `folder` (0 when none): a re-run
     resumes from its final checkpoint and adds only its own time."""
@@ -348,6 +410,10 @@ def train_language_model(
         raise LMError(f"gpt dim {options['dim']} must be divisible by heads {options['heads']}")
     spec = ModelSpec("gpt", (context,), VOCAB_SIZE, options)
     model = spec.build(seed=config.seed)
+    init = None
+    if config.init is not None:
+        weights, init = _initial_weights(config.init, spec)
+        model.load_state_dict(weights)
     try:
         x, y = lm_examples(corpus, members)
         watched = heldout[:: max(1, math.ceil(len(heldout) / EVAL_DOCUMENTS))]
@@ -366,7 +432,9 @@ def train_language_model(
         if progress is not None:
             progress(stage, float(record.epoch), float(epochs))
 
+    resumed = (folder / CORPUS_FILE).is_file()
     _claim(folder, corpus)
+    _claim_init(folder, init, resumed)
     earlier = _finished_seconds(folder)
     start = time.perf_counter()
     if progress is not None:
@@ -400,6 +468,7 @@ def train_language_model(
         "batch_size": int(full.batch_size),  # type: ignore[arg-type]
         "lr": float(full.lr),  # type: ignore[arg-type]
         "seed": config.seed,
+        "init": init,
         "seconds": seconds,
         "perplexity": {
             "members": document_perplexity(trained, corpus.texts(members), context),
@@ -474,7 +543,8 @@ def folder_digest(*folders: str | Path | None) -> str:
 
 def target_facts(folder: str | Path) -> dict[str, Any]:
     """What a report says about the target model of `folder`: {"folder", "size", "parameters",
-    "private", "epsilon", "perplexity"} (plus delta, accountant, epochs, context)."""
+    "private", "epsilon", "perplexity"} (plus delta, accountant, epochs, context, and
+    "pretrained": the name of the init folder it was fine-tuned from, or None)."""
     loaded = load_language_model(folder)
     language = loaded.language
     return {
@@ -488,4 +558,5 @@ def target_facts(folder: str | Path) -> dict[str, Any]:
         "epochs": language.get("epochs"),
         "context": language.get("context", loaded.context),
         "perplexity": language.get("perplexity"),
+        "pretrained": Path(language["init"]["folder"]).name if language.get("init") else None,
     }

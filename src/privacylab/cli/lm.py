@@ -10,6 +10,12 @@ a text file's paragraphs (documents separated by blank lines) with the same plan
 --canary, all default to 1). A corpus with fewer member documents than the default planted
 strings need (571: records planted 1-64 times, canaries 0-32 times) keeps the smaller counts
 that fit (`_fit_planted`) and says so on stderr.
+
+`--corpus public` is the public text of the default corpus built with the same --documents,
+--context and --seed: the pydoc chunks it does not use, all trained on, no planted strings
+(`corpus_build.public_corpus`). `--init DIR` starts from the weights of a model folder written
+by `lm train` (same size and context) and fine-tunes them on --corpus, non-privately or with
+--dp (Li et al. 2022's setting: DP fine-tuning of a publicly pretrained model).
 """
 
 from __future__ import annotations
@@ -62,7 +68,12 @@ def _corpus(
     """The corpus named by --corpus (see the module docstring) and the note saying how its
     planted copies were cut to fit (None when they were not)."""
     from privacylab.data.corpus import CORPUS_FILE, load_corpus
-    from privacylab.data.corpus_build import CorpusConfig, build_corpus, read_text_corpus
+    from privacylab.data.corpus_build import (
+        CorpusConfig,
+        build_corpus,
+        public_corpus,
+        read_text_corpus,
+    )
 
     if repeats and len(repeats) != len(canaries):
         raise PrivacylabError(
@@ -71,6 +82,15 @@ def _corpus(
         )
     pairs = tuple(zip(canaries, repeats or [1] * len(canaries), strict=True))
     path = Path(source)
+    if source == "public":
+        if pairs:
+            raise PrivacylabError("--canary plants into a private corpus, not --corpus public")
+        options = {"seed": seed}
+        if documents is not None:
+            options["documents"] = documents
+        if context is not None:
+            options["context"] = context
+        return public_corpus(CorpusConfig(**options).validate()), None
     if source != "default" and (path.suffix == ".json" or (path / CORPUS_FILE).is_file()):
         given = [
             n for n, v in (("--documents", documents), ("--context", context)) if v is not None
@@ -167,6 +187,7 @@ def _payload(out: Path, language: dict[str, Any]) -> dict[str, Any]:
         "perplexity": dict(language["perplexity"]),
         "documents": dict(language["documents"]),
         "seconds": language["seconds"],
+        "init": language.get("init"),
     }
 
 
@@ -182,7 +203,8 @@ def lm_train_command(
         str,
         typer.Option(
             "--corpus",
-            help="default (CPython docs + planted records/canaries), a .txt file (documents "
+            help="default (CPython docs + planted records/canaries), public (the CPython docs "
+            "chunks default does not use, no planted strings), a .txt file (documents "
             "separated by blank lines; same planted strings) or a corpus.json.",
         ),
     ] = "default",
@@ -233,6 +255,14 @@ def lm_train_command(
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the corpus and the training.")] = 0,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    init: Annotated[
+        Path | None,
+        typer.Option(
+            "--init",
+            help="Fine-tune: start from the weights of this model folder (same size, context).",
+            parser=_path_arg,
+        ),
+    ] = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Train a language model on a corpus (Carlini et al. 2021's setting, with planted records
@@ -256,6 +286,7 @@ def lm_train_command(
             delta=delta,
             seed=seed,
             device=_device(device),
+            init=None if init is None else str(init),
         ).validate()
         if context is not None:
             _whole_in(context, "--context", MIN_CONTEXT, MAX_CONTEXT)
@@ -285,7 +316,9 @@ def lm_train_command(
         perplexity = payload["perplexity"]
         typer.echo(
             f"{payload['size']} GPT, {payload['parameters']:,} parameters, "
-            f"{payload['epochs']} epochs, {privacy}, {payload['seconds']:.0f} s\n"
+            f"{payload['epochs']} epochs, {privacy}, {payload['seconds']:.0f} s"
+            + (f", fine-tuned from {payload['init']['folder']}" if payload["init"] else "")
+            + "\n"
             f"perplexity: members {perplexity['members']:.3f}, "
             f"held-out {perplexity['heldout']:.3f} "
             f"({payload['documents']['members']} / {payload['documents']['heldout']} documents)\n"

@@ -46,6 +46,7 @@ __all__ = [
     "chunk_text",
     "fold_text",
     "parse_user_canary",
+    "public_corpus",
     "pydoc_texts",
     "read_text_corpus",
 ]
@@ -573,3 +574,44 @@ def _check_truth(
                 f"{kind} {text!r} occurs in {len(found)} documents but was planted in "
                 f"{len(hosts)}" + (f" (it is already in document {extra[0]})" if extra else "")
             )
+
+
+def public_corpus(config: CorpusConfig | None = None) -> Corpus:
+    """The public text of `config`'s corpus: the pydoc chunks (same chunking, dedupe and
+    context as `build_corpus`) that the seeded subset of `config.documents` chunks does not
+    take, all of them members, with no records and no canaries; the pretraining data of a
+    model later fine-tuned on the private corpus (Li et al. 2022, "Large Language Models Can
+    Be Strong Differentially Private Learners", Sec. 3: DP fine-tuning of a publicly
+    pretrained model). A chunk that holds a string planted in the private corpus is dropped
+    too (when `config`'s planted strings fit its members; else the faker-made records and
+    canaries of a smaller fitted corpus are left unchecked). Same config, same corpus; DataError when no chunk is left (e.g. `documents` None)."""
+    config = (config or CorpusConfig()).validate()
+    budget = config.context - MARKERS
+    subset_rng = np.random.default_rng(np.random.SeedSequence(config.seed).spawn(5)[0])
+    chunks = list(
+        dict.fromkeys(chunk for text in pydoc_texts() for chunk in chunk_text(text, budget))
+    )
+    used = set(_subset(chunks, config.documents, subset_rng))
+    rest = [chunk for chunk in chunks if chunk not in used]
+    if rest:
+        try:
+            private = build_corpus(config)
+        except DataError:
+            private = None
+        if private is not None:
+            planted = [r.text for r in private.records] + [c.text for c in private.canaries]
+            rest = [chunk for chunk in rest if not any(text in chunk for text in planted)]
+    if not rest:
+        raise DataError(
+            f"no public text is left: the private corpus takes all {len(chunks)} source chunks "
+            f"(documents={config.documents}); use fewer documents"
+        )
+    return Corpus(
+        documents=rest,
+        members=np.ones(len(rest), dtype=bool),
+        records=[],
+        canaries=[],
+        context=config.context,
+        tokenizer="bytes",
+        config={**config.to_dict(), "public": True},
+    )
