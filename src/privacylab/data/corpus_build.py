@@ -584,7 +584,8 @@ def public_corpus(config: CorpusConfig | None = None) -> Corpus:
     Be Strong Differentially Private Learners", Sec. 3: DP fine-tuning of a publicly
     pretrained model). A chunk that holds a string planted in the private corpus is dropped
     too (when `config`'s planted strings fit its members; else the faker-made records and
-    canaries of a smaller fitted corpus are left unchecked). Same config, same corpus; DataError when no chunk is left (e.g. `documents` None)."""
+    canaries of a smaller fitted corpus are left unchecked). Same config, same corpus;
+    DataError when no chunk is left (e.g. `documents` None)."""
     config = (config or CorpusConfig()).validate()
     budget = config.context - MARKERS
     subset_rng = np.random.default_rng(np.random.SeedSequence(config.seed).spawn(5)[0])
