@@ -246,7 +246,13 @@ def lm_examples(corpus: Corpus, indices: Sequence[int] | np.ndarray) -> tuple[Te
     bytes + EOS right-padded with PAD to `corpus.context` tokens; x = all but the last position,
     y = all but the first (y[t] follows x[..t]), PAD targets replaced by `IGNORE`. Both
     (n, context - 1) int64."""
-    rows = ByteTokenizer().batch(corpus.texts(indices), corpus.context)
+    return _next_token_pairs(corpus.texts(indices), corpus.context)
+
+
+def _next_token_pairs(texts: Sequence[str], context: int) -> tuple[Tensor, Tensor]:
+    """`texts` framed BOS + text + EOS, PAD-padded to `context`, split into (x, y) as in
+    `lm_examples`."""
+    rows = ByteTokenizer().batch(texts, context)
     x, y = rows[:, :-1].contiguous(), rows[:, 1:].clone()
     y[y == PAD] = IGNORE
     return x, y
@@ -287,10 +293,7 @@ def document_perplexity(model: nn.Module, texts: Sequence[str], context: int) ->
     in `context` tokens, pooled over all predicted tokens (NaN for no texts)."""
     if not texts:
         return math.nan
-    rows = ByteTokenizer().batch(list(texts), context)
-    y = rows[:, 1:].clone()
-    y[y == PAD] = IGNORE
-    total, count = _token_nll(model, rows[:, :-1].contiguous(), y)
+    total, count = _token_nll(model, *_next_token_pairs(list(texts), context))
     return math.exp(total / count) if count else math.nan
 
 
