@@ -35,7 +35,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from privacylab.errors import PrivacylabError
-from privacylab.report._format import mappings, number, safe_name
+from privacylab.report._format import mappings, number, safe_name, target_epsilon
 from privacylab.report.html import write_report
 from privacylab.report.jsonable import json_ready
 from privacylab.report.plots import FONT_PT, LEGEND_FONT_PT, _to_png, line_style
@@ -142,12 +142,10 @@ def run_label(target: Any) -> str:
     """A run's short label from its target facts: "tiny, non-private" or "small, DP ε=8"."""
     facts = target if isinstance(target, Mapping) else {}
     size = str(facts.get("size") or facts.get("folder") or "model")
-    epsilon = number(facts.get("epsilon"))
-    if facts.get("private") or (epsilon is not None and math.isfinite(epsilon)):
-        if epsilon is None or not math.isfinite(epsilon):
-            return f"{size}, DP"
+    epsilon = target_epsilon(facts)
+    if epsilon is not None:
         return f"{size}, DP ε={epsilon_label(epsilon)}"
-    return f"{size}, non-private"
+    return f"{size}, DP" if facts.get("private") else f"{size}, non-private"
 
 
 def run_labels(targets: Sequence[Any]) -> list[str]:
@@ -185,6 +183,7 @@ def exposure_plot(runs: Sequence[Mapping[str, Any]]) -> Figure:
     fig = Figure(figsize=(7.6, 4.8), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     largest = 1.0
+    counts: set[float] = set()
     labels = run_labels([run.get("target") for run in runs])
     for i, run in enumerate(runs):
         repeats, exposure = _exposure_points(run)
@@ -193,6 +192,7 @@ def exposure_plot(runs: Sequence[Mapping[str, Any]]) -> Figure:
         color, style = line_style(i)
         xs = np.unique(repeats)
         means = np.asarray([exposure[repeats == x].mean() for x in xs])
+        counts.update(float(x) for x in repeats)
         ax.scatter(repeats, exposure, s=14, color=color, alpha=0.45, linewidths=0)
         ax.plot(xs, means, color=color, linestyle=style, marker="o", markersize=4, linewidth=1.8,
                 label=labels[i])  # fmt: skip
@@ -211,9 +211,8 @@ def exposure_plot(runs: Sequence[Mapping[str, Any]]) -> Figure:
     ax.axhline(RANDOM_EXPOSURE, color="#7f7f7f", linestyle=":", linewidth=1.2,
                label=f"random canary, 1/ln 2 ≈ {RANDOM_EXPOSURE:.2f}")  # fmt: skip
     ax.set_xscale("symlog", linthresh=1.0)
-    counts = sorted({float(x) for run in runs for x in _exposure_points(run)[0]})
     if 0 < len(counts) <= 12:
-        ax.set_xticks(counts)
+        ax.set_xticks(sorted(counts))
     ax.set_xlim(-0.3, largest * 1.3 + 0.5)
     ax.set_ylim(bottom=0)
     ax.set_xlabel("insertion count (member documents holding the canary)", fontsize=FONT_PT)

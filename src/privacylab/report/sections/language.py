@@ -596,15 +596,16 @@ table.language-extracted td.text { font-family: ui-monospace, monospace; font-si
             parts += [
                 f'<h3 id="language-exposure">{TITLES["exposure"]} ({len(exposure)})</h3>',
                 f'<p class="small">{e(GUIDES["exposure"])}</p>',
+            ]
+            labels = run_labels([r.get("target") for r in exposure])
+            parts.append(
                 figure(
                     folder,
                     images.get("exposure"),
                     "Exposure of the canaries against their insertion count, one line per model",
-                    "Exposure vs insertion count: "
-                    + ", ".join(run_labels([r.get("target") for r in exposure])),
-                ),
-            ]
-            labels = run_labels([r.get("target") for r in exposure])
+                    "Exposure vs insertion count: " + ", ".join(labels),
+                )
+            )
             parts += [_exposure(run, lab) for run, lab in zip(exposure, labels, strict=True)]
         membership = mappings(block.get("membership"))
         if membership:
