@@ -212,7 +212,9 @@ class SecretSharer(LanguageAttack):
             _fits(target, fmt)
             rng = np.random.default_rng([self.seed, number])
             before = target.queries
-            if self.method_for(fmt) == "enumerate":
+            method = self.method_for(fmt)
+            secrets = None
+            if method == "enumerate":
                 if fmt.space_size > 10**9:
                     raise LanguageError(
                         f"secret-sharer: {fmt.space_size} candidates are too many to enumerate; "
@@ -221,32 +223,21 @@ class SecretSharer(LanguageAttack):
                 values = enumerate_values(target, fmt, self.batch_size, self.progress)
                 count = min(self.samples, values.size)
                 sample = values[rng.choice(values.size, size=count, replace=False)]
-                out.append(
-                    FormatScores(
-                        fmt, "enumerate", values, None, _fit(sample), target.queries - before, count
-                    )
-                )
             else:
                 picks = rng.integers(0, len(fmt.alphabet), size=(self.samples, fmt.length))
                 secrets = ["".join(fmt.alphabet[i] for i in row) for row in picks]
-                values = sample_values(target, fmt, secrets, self.batch_size, self.progress)
-                out.append(
-                    FormatScores(
-                        fmt,
-                        "extrapolate",
-                        values,
-                        secrets,
-                        _fit(values),
-                        target.queries - before,
-                        len(secrets),
-                    )
+                values = sample = sample_values(
+                    target, fmt, secrets, self.batch_size, self.progress
                 )
+            out.append(
+                FormatScores(
+                    fmt, method, values, secrets, _fit(sample), target.queries - before, sample.size
+                )
+            )
         return out
 
 
 def _fit(values: np.ndarray) -> SkewNormal | None:
-    if np.unique(values).size < 3:
-        return None
     try:
         return fit_skew_normal(values)
     except StatisticsError:
