@@ -15,17 +15,15 @@ from typing import Annotated, Any
 
 import typer
 
-from privacylab.cli._common import (
-    JsonOpt,
-    _device,
-    _emit_json,
-    _guarded,
-    _Stages,
-    _stderr,
-    _whole_in,
+from privacylab.cli._common import JsonOpt, _device, _guarded, _stderr, _whole_in
+from privacylab.cli._language import (
+    DeviceOpt,
+    ModelFolderOpt,
+    OutOpt,
+    Summary,
+    run_language_job,
+    store_option,
 )
-from privacylab.cli._language import DeviceOpt, ModelFolderOpt, OutOpt, store_option
-from privacylab.cli._reports import check_paths, print_summary
 from privacylab.cli.attack import attack_app
 from privacylab.errors import PrivacylabError
 
@@ -89,11 +87,23 @@ def attack_exposure_command(
         _whole_in(samples, "--samples", low=3)
         _whole_in(enumerate_limit, "--enumerate-limit", high=10**9)
         _whole_in(seed, "--seed", low=0)
-        check_paths(target=target, out=out)
-        if out is not None:
-            from privacylab.report.language import add_language_run
-        with _Stages(_stderr()) as stages:
-            result = run_exposure(
+
+        def summary(result: dict[str, Any]) -> Summary:
+            for note in result["notes"]:
+                _stderr().print(f"note: {note}")
+            heading = (
+                f"exposure of {len(result['canaries'])} canaries ({result['queries']} queries, "
+                f"{result['seconds']:.1f} s; a random canary shows about "
+                f"{result['random_exposure']:.2f} bits)"
+            )
+            return heading, COLUMNS, _rows(result)
+
+        run_language_job(
+            target=target,
+            out=out,
+            json_output=json_output,
+            kind="exposure",
+            job=lambda stages: run_exposure(
                 target,
                 method=method,
                 samples=samples,
@@ -102,19 +112,8 @@ def attack_exposure_command(
                 device=_device(device),
                 store=store if store is not None else target / STORE,
                 progress=stages,
-            )
-        if out is not None:
-            add_language_run(out, "exposure", result)
-        if json_output:
-            _emit_json(result)
-            return
-        for note in result["notes"]:
-            _stderr().print(f"note: {note}")
-        heading = (
-            f"exposure of {len(result['canaries'])} canaries ({result['queries']} queries, "
-            f"{result['seconds']:.1f} s; a random canary shows about "
-            f"{result['random_exposure']:.2f} bits)"
+            ),
+            summary=summary,
         )
-        print_summary(heading, COLUMNS, _rows(result), out)
 
     _guarded(run)

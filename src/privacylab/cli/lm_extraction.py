@@ -14,17 +14,15 @@ from typing import Annotated, Any
 
 import typer
 
-from privacylab.cli._common import (
-    JsonOpt,
-    _device,
-    _emit_json,
-    _guarded,
-    _path_arg,
-    _Stages,
-    _stderr,
+from privacylab.cli._common import JsonOpt, _device, _guarded, _path_arg
+from privacylab.cli._language import (
+    DeviceOpt,
+    ModelFolderOpt,
+    OutOpt,
+    Summary,
+    run_language_job,
+    store_option,
 )
-from privacylab.cli._language import DeviceOpt, ModelFolderOpt, OutOpt, store_option
-from privacylab.cli._reports import check_paths, print_summary
 from privacylab.cli.attack import attack_app
 from privacylab.errors import PrivacylabError
 
@@ -83,14 +81,25 @@ def attack_lm_extraction_command(
         from privacylab.lm_extract import parse_strategies, run_lm_extraction
 
         names = parse_strategies(strategy)
-        check_paths(target=target, out=out)
         for folder in reference or []:
             if not folder.is_dir():
                 raise PrivacylabError(f"--reference {folder} is not a model folder")
-        if out is not None:
-            from privacylab.report.language import add_language_run
-        with _Stages(_stderr()) as stages:
-            result = run_lm_extraction(
+
+        def summary(result: dict[str, Any]) -> Summary:
+            columns = [("strategy", "strategy"), *((m, m) for m in result["metrics"])]
+            heading = (
+                f"training-data extraction: {len(result['extracted'])} true memorised samples "
+                f"in the top {result['top']} (extraction begins at "
+                f"{result['extraction_begins_at']} copies)"
+            )
+            return heading, columns, _summary_rows(result)
+
+        run_language_job(
+            target=target,
+            out=out,
+            json_output=json_output,
+            kind="extraction",
+            job=lambda stages: run_lm_extraction(
                 target,
                 strategies=names,
                 samples=samples,
@@ -101,18 +110,8 @@ def attack_lm_extraction_command(
                 store_path=store,
                 device=_device(device),
                 progress=stages,
-            )
-        if out is not None:
-            add_language_run(out, "extraction", result)
-        if json_output:
-            _emit_json(result)
-            return
-        columns = [("strategy", "strategy"), *((m, m) for m in result["metrics"])]
-        heading = (
-            f"training-data extraction: {len(result['extracted'])} true memorised samples in "
-            f"the top {result['top']} (extraction begins at "
-            f"{result['extraction_begins_at']} copies)"
+            ),
+            summary=summary,
         )
-        print_summary(heading, columns, _summary_rows(result), out)
 
     _guarded(run)

@@ -13,21 +13,19 @@ run joins the report's "#language-models" section (`privacylab.report.language.a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from privacylab.cli._common import (
-    JsonOpt,
-    _device,
-    _emit_json,
-    _guarded,
-    _path_arg,
-    _Stages,
-    _stderr,
+from privacylab.cli._common import JsonOpt, _device, _guarded, _path_arg
+from privacylab.cli._language import (
+    DeviceOpt,
+    ModelFolderOpt,
+    OutOpt,
+    Summary,
+    run_language_job,
+    store_option,
 )
-from privacylab.cli._language import DeviceOpt, ModelFolderOpt, OutOpt, store_option
-from privacylab.cli._reports import check_paths, print_summary
 from privacylab.cli.attack import attack_app
 from privacylab.errors import PrivacylabError
 
@@ -88,15 +86,27 @@ def attack_lm_membership_command(
     def run() -> None:
         from privacylab.lm_membership import run_lm_membership_job
 
-        check_paths(target=target, out=out)
         if reference is not None and not reference.is_dir():
             raise PrivacylabError(f"--reference {reference} is not a model folder")
         if documents < 1:
             raise PrivacylabError(f"--documents must be a whole number >= 1, got {documents}")
         if seed < 0:
             raise PrivacylabError(f"--seed must be a whole number >= 0, got {seed}")
-        with _Stages(_stderr()) as stages:
-            result = run_lm_membership_job(
+
+        def summary(result: dict[str, Any]) -> Summary:
+            docs = result["documents"]
+            heading = (
+                f"LM membership inference on {target}: {docs['members']} members, "
+                f"{docs['heldout']} held-out documents (best: {result['order'][0]})"
+            )
+            return heading, SUMMARY, result["attacks"]
+
+        run_language_job(
+            target=target,
+            out=out,
+            json_output=json_output,
+            kind="membership",
+            job=lambda stages: run_lm_membership_job(
                 target,
                 reference=reference,
                 attacks=attacks,
@@ -105,19 +115,8 @@ def attack_lm_membership_command(
                 device=_device(device),
                 store=store if store is not None else target / STORE,
                 progress=stages,
-            )
-        if out is not None:
-            from privacylab.report.language import add_language_run
-
-            add_language_run(out, "membership", result)
-        if json_output:
-            _emit_json(result)
-            return
-        docs = result["documents"]
-        heading = (
-            f"LM membership inference on {target}: {docs['members']} members, "
-            f"{docs['heldout']} held-out documents (best: {result['order'][0]})"
+            ),
+            summary=summary,
         )
-        print_summary(heading, SUMMARY, result["attacks"], out)
 
     _guarded(run)
