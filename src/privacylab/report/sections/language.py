@@ -310,6 +310,10 @@ def _count(label: str, value: Any) -> str | None:
     return f"{label}: {fmt_int(value)}" if number(value) is not None else None
 
 
+def _seconds(run: Mapping[str, Any]) -> str | None:
+    return f"{fmt(run.get('seconds'), 1)} s" if number(run.get("seconds")) is not None else None
+
+
 def _bold_cell(value: Any, bold: bool, title: str = "") -> str:
     attr = f' title="{e(title)}"' if title else ""
     shown = e(fmt_int(value))
@@ -444,7 +448,7 @@ def _extraction(run: Mapping[str, Any], label: str) -> str:
             f"reference models: {', '.join(references)}" if references else None,
             _count("queries", run.get("queries")),
             _count("tokens served", run.get("tokens_served")),
-            f"{fmt(run.get('seconds'), 1)} s" if number(run.get("seconds")) is not None else None,
+            _seconds(run),
             f"{fmt(per_thousand, 2)} s per 1000 samples" if per_thousand is not None else None,
         ],
     )
@@ -489,7 +493,7 @@ def _exposure(run: Mapping[str, Any], label: str) -> str:
         [
             f"method: {run.get('method')}" if run.get("method") else None,
             _count("queries", run.get("queries")),
-            f"{fmt(run.get('seconds'), 1)} s" if number(run.get("seconds")) is not None else None,
+            _seconds(run),
         ],
     )
     table = sortable_table(
@@ -532,7 +536,7 @@ def _membership(folder: Path, run: Mapping[str, Any], label: str, image: Any) ->
             else None,
             f"reference model: {facts_line(reference)}" if isinstance(reference, Mapping) else None,
             _count("queries", run.get("queries")),
-            f"{fmt(run.get('seconds'), 1)} s" if number(run.get("seconds")) is not None else None,
+            _seconds(run),
         ],
     )
     picture = figure(
