@@ -82,19 +82,15 @@ def _corpus(
         )
     pairs = tuple(zip(canaries, repeats or [1] * len(canaries), strict=True))
     path = Path(source)
+    sizes: dict[str, Any] = {
+        k: v for k, v in (("documents", documents), ("context", context)) if v is not None
+    }
     if source == "public":
         if pairs:
             raise PrivacylabError("--canary plants into a private corpus, not --corpus public")
-        options = {"seed": seed}
-        if documents is not None:
-            options["documents"] = documents
-        if context is not None:
-            options["context"] = context
-        return public_corpus(CorpusConfig(**options).validate()), None
+        return public_corpus(CorpusConfig(seed=seed, **sizes).validate()), None
     if source != "default" and (path.suffix == ".json" or (path / CORPUS_FILE).is_file()):
-        given = [
-            n for n, v in (("--documents", documents), ("--context", context)) if v is not None
-        ]
+        given = [f"--{name}" for name in sizes]
         if pairs:
             given.append("--canary")
         if given:
@@ -103,12 +99,7 @@ def _corpus(
                 "or --corpus default"
             )
         return load_corpus(path), None
-    options: dict[str, Any] = {"user_canaries": pairs, "seed": seed}
-    if documents is not None:
-        options["documents"] = documents
-    if context is not None:
-        options["context"] = context
-    config = CorpusConfig(**options).validate()
+    config = CorpusConfig(user_canaries=pairs, seed=seed, **sizes).validate()
     texts = None if source == "default" else read_text_corpus(path)
     bare = replace(
         config, record_copies=(), records_per_count=0, canary_repeats=(), user_canaries=()
