@@ -262,8 +262,7 @@ def generate_samples(
     sampling = sampling.validate()
     count = whole_option("generation", "count", count)
     batch_size = whole_option("generation", "batch_size", batch_size)
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise LanguageError(f"generation: seed must be a whole number >= 0, got {seed!r}")
+    seed = whole_option("generation", "seed", seed, low=0)
     documents: list[list[int]] = []
     if sampling.strategy == "prefix":
         documents = [target.tokenizer.encode(t)[: sampling.prefix_tokens[1]] for t in public_text]
