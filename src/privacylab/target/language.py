@@ -127,14 +127,18 @@ class LanguageTarget(Target):
             return torch.zeros(0, tokens.shape[1], self.vocab_size, dtype=self.dtype)
         return torch.cat(outs)
 
-    def token_log_probs(self, tokens: Tensor | np.ndarray) -> Tensor:
-        """log f(x_{t+1} | x_1..x_t) for t = 1..L-1, shape (n, L-1); NaN where the next token is
-        PAD (a shorter row's padding). Needs scores access; one query per row."""
+    def _scored(self, tokens: Tensor | np.ndarray) -> tuple[Tensor, Tensor]:
+        """The checked token rows and the log-probabilities after each of their prefixes."""
         self.require(Access.SCORES)
         tokens = self._tokens(tokens, "token sequences")
         if tokens.shape[1] < 2:
             raise TargetError("scoring needs sequences of at least 2 tokens")
-        logp = self._forward(tokens[:, :-1])
+        return tokens, self._forward(tokens[:, :-1])
+
+    def token_log_probs(self, tokens: Tensor | np.ndarray) -> Tensor:
+        """log f(x_{t+1} | x_1..x_t) for t = 1..L-1, shape (n, L-1); NaN where the next token is
+        PAD (a shorter row's padding). Needs scores access; one query per row."""
+        tokens, logp = self._scored(tokens)
         nxt = tokens[:, 1:]
         picked = logp.gather(-1, nxt.clamp_max(self.vocab_size - 1).unsqueeze(-1)).squeeze(-1)
         return picked.masked_fill(nxt == PAD, float("nan"))
@@ -142,11 +146,7 @@ class LanguageTarget(Target):
     def distributions(self, tokens: Tensor | np.ndarray) -> Tensor:
         """The next-token log-probability vectors after each prefix x_1..x_t, t = 1..L-1, shape
         (n, L-1, vocab) (rows whose next token is PAD included). Needs scores access."""
-        self.require(Access.SCORES)
-        tokens = self._tokens(tokens, "token sequences")
-        if tokens.shape[1] < 2:
-            raise TargetError("scoring needs sequences of at least 2 tokens")
-        return self._forward(tokens[:, :-1])
+        return self._scored(tokens)[1]
 
     def logits(self, x: Tensor | np.ndarray) -> Tensor:
         """Raw next-token logits (n, L, vocab); needs logits access."""
