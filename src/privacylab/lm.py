@@ -514,10 +514,12 @@ def language_target(
     *,
     device: str = "cpu",
     query_budget: int | None = None,
+    loaded: LoadedLM | None = None,
 ) -> LanguageTarget:
     """The model of `folder` behind the threat model: a `LanguageTarget` with `access` (scores:
-    black-box probabilities, Carlini et al. 2021, Sec. 3.1), counting every query."""
-    loaded = load_language_model(folder, device=device)
+    black-box probabilities, Carlini et al. 2021, Sec. 3.1), counting every query. `loaded`:
+    the folder already read by `load_language_model` (not read again)."""
+    loaded = loaded or load_language_model(folder, device=device)
     return LanguageTarget(
         loaded.model,
         access,
@@ -544,11 +546,12 @@ def folder_digest(*folders: str | Path | None) -> str:
     return digest.hexdigest()
 
 
-def target_facts(folder: str | Path) -> dict[str, Any]:
+def target_facts(folder: str | Path, loaded: LoadedLM | None = None) -> dict[str, Any]:
     """What a report says about the target model of `folder`: {"folder", "size", "parameters",
     "private", "epsilon", "perplexity"} (plus delta, accountant, epochs, context, and
-    "pretrained": the name of the init folder it was fine-tuned from, or None)."""
-    loaded = load_language_model(folder)
+    "pretrained": the name of the init folder it was fine-tuned from, or None). `loaded`: the
+    folder already read by `load_language_model` (not read again)."""
+    loaded = loaded or load_language_model(folder)
     language = loaded.language
     return {
         "folder": str(Path(folder)),

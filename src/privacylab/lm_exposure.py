@@ -223,8 +223,8 @@ def run_exposure(
 
     folder = Path(target_dir)
     loaded = load_language_model(folder)
-    facts = target_facts(folder)
-    target = language_target(folder, "scores", device=device)
+    facts = target_facts(folder, loaded)
+    target = language_target(folder, "scores", device=device, loaded=loaded)
     with ResultStore(store) if store is not None else nullcontext() as results:
         return exposure_run(
             target,

@@ -102,7 +102,7 @@ def run_lm_extraction(
     ref_names = _reference_names(
         ref_folders, [m.metadata.get("language", {}).get("size") for m in ref_models]
     )
-    target = language_target(folder, "scores", device=device)
+    target = language_target(folder, "scores", device=device, loaded=loaded)
     task = ExtractionTask(
         public_text=corpus.texts(corpus.heldout_indices),
         references={n: m.model for n, m in zip(ref_names, ref_models, strict=True)},
@@ -131,8 +131,8 @@ def run_lm_extraction(
     generation = sum(r.generation_seconds for r in runs)
     fresh = sum(r.fresh for r in runs)
     return {
-        "target": target_facts(folder),
-        "references": [target_facts(r) for r in ref_folders],
+        "target": target_facts(folder, loaded),
+        "references": [target_facts(r, m) for r, m in zip(ref_folders, ref_models, strict=True)],
         "samples": samples,
         **truth,
         "distinct": {r.strategy: len(r.texts) for r in runs},

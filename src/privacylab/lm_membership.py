@@ -246,14 +246,15 @@ def run_lm_membership_job(
     from privacylab.lm import folder_digest, language_target, load_language_model, target_facts
 
     loaded = load_language_model(target_dir)
-    target = language_target(target_dir, "scores", device=device)
+    target = language_target(target_dir, "scores", device=device, loaded=loaded)
     reference_model = None
     reference_facts = None
     if reference is not None:
-        reference_model = load_language_model(reference).model
-        reference_facts = target_facts(reference)
+        reference_loaded = load_language_model(reference)
+        reference_model = reference_loaded.model
+        reference_facts = target_facts(reference, reference_loaded)
     options: dict[str, Any] = {
-        "facts": target_facts(target_dir),
+        "facts": target_facts(target_dir, loaded),
         "reference": reference_model,
         "reference_facts": reference_facts,
         "attacks": attacks,
