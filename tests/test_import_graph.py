@@ -53,6 +53,8 @@ LAYERS: dict[str, int] = {
     "lm_extract": 7,
     "lm_exposure": 7,
     "lm_membership": 7,
+    "dpforward": 7,
+    "embedding": 7,
     "byo": 8,
     # 9: the command line; 10: `python -m privacylab`
     "cli": 9,
@@ -69,6 +71,7 @@ SAME_LAYER: dict[tuple[str, str], str] = {
     ("lm_extract", "lm"): "LM attack jobs load model and corpus with the LM job's loader",
     ("lm_exposure", "lm"): "LM attack jobs load model and corpus with the LM job's loader",
     ("lm_membership", "lm"): "LM attack jobs load model and corpus with the LM job's loader",
+    ("embedding", "dpforward"): "embedding attacks load their target with the DP-Forward loader",
 }
 """Same-layer edges that are allowed, with why."""
 

@@ -47,6 +47,34 @@ class Gaussian(Event):
 
 
 @dataclass(frozen=True)
+class MatrixGaussian(Event):
+    """Matrix Gaussian release f(X) + Z, Z ~ MN(0, BBᵀ, CCᵀ), with σ_min(B)·σ_min(C) equal to
+    `noise_multiplier` × the L2 (Frobenius) sensitivity of f.
+
+    Du et al. 2023 (DP-Forward, Theorem 2, the analytic matrix Gaussian mechanism): the privacy
+    loss of vec(Z) ~ N(0, CCᵀ ⊗ BBᵀ) for a shift Δ is Gaussian with mean-to-scale
+    ‖(CCᵀ ⊗ BBᵀ)^(-1/2) vec(Δ)‖ ≤ ‖Δ‖_F / (σ_min(B)σ_min(C)), with equality for Δ along the
+    least-noisy direction, so every accountant bounds this event exactly as
+    `Gaussian(noise_multiplier)` (see `flatten`). `rows` × `columns` is the matrix shape.
+    """
+
+    noise_multiplier: float
+    rows: int = 1
+    columns: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "noise_multiplier", check.positive("noise multiplier", self.noise_multiplier)
+        )
+        object.__setattr__(self, "rows", check.count(self.rows, "matrix rows"))
+        object.__setattr__(self, "columns", check.count(self.columns, "matrix columns"))
+
+    def as_gaussian(self) -> Gaussian:
+        """The vector Gaussian event with the same worst-case privacy loss."""
+        return Gaussian(self.noise_multiplier)
+
+
+@dataclass(frozen=True)
 class Laplace(Event):
     """Laplace mechanism with scale `scale` × L1 sensitivity (pure (1/scale)-DP)."""
 
@@ -155,10 +183,16 @@ def dp_sgd(noise_multiplier: float, sample_rate: float, steps: int) -> Event:
 
 def flatten(event: Event, times: int = 1) -> list[tuple[Event, int]]:
     """Break `event` into (leaf event, count) pairs; leaves are Gaussian, Laplace,
-    RandomizedResponse or PoissonSampled. Equal leaves are merged, order kept."""
+    RandomizedResponse or PoissonSampled. Equal leaves are merged, order kept. A MatrixGaussian
+    becomes the Gaussian with its worst-case privacy loss (`MatrixGaussian.as_gaussian`), also
+    under PoissonSampled."""
     merged: dict[Event, int] = {}
 
     def walk(e: Event, n: int) -> None:
+        if isinstance(e, MatrixGaussian):
+            e = e.as_gaussian()
+        elif isinstance(e, PoissonSampled) and isinstance(e.event, MatrixGaussian):
+            e = PoissonSampled(e.sample_rate, e.event.as_gaussian())
         if isinstance(e, SelfComposed):
             walk(e.event, n * e.count)
         elif isinstance(e, Composed):
@@ -179,6 +213,7 @@ def flatten(event: Event, times: int = 1) -> list[tuple[Event, int]]:
 
 _TYPE_NAMES: dict[type[Event], str] = {
     Gaussian: "gaussian",
+    MatrixGaussian: "matrix_gaussian",
     Laplace: "laplace",
     RandomizedResponse: "randomized_response",
     PoissonSampled: "poisson_sampled",
@@ -187,6 +222,7 @@ _TYPE_NAMES: dict[type[Event], str] = {
 }
 _FIELDS: dict[str, tuple[str, ...]] = {
     "gaussian": ("noise_multiplier",),
+    "matrix_gaussian": ("noise_multiplier", "rows", "columns"),
     "laplace": ("scale",),
     "randomized_response": ("epsilon", "k", "keep_probability"),
     "poisson_sampled": ("sample_rate", "event"),
@@ -203,6 +239,13 @@ def event_to_dict(event: Event) -> dict[str, Any]:
         raise check.PrivacyParameterError(f"cannot serialise privacy event {event!r}")
     if isinstance(event, Gaussian):
         return {"type": name, "noise_multiplier": event.noise_multiplier}
+    if isinstance(event, MatrixGaussian):
+        return {
+            "type": name,
+            "noise_multiplier": event.noise_multiplier,
+            "rows": event.rows,
+            "columns": event.columns,
+        }
     if isinstance(event, Laplace):
         return {"type": name, "scale": event.scale}
     if isinstance(event, RandomizedResponse):
@@ -276,6 +319,12 @@ def event_from_dict(data: object) -> Event:
         at = f"{where} ({name})"
         if name == "gaussian":
             return Gaussian(_real(at, "noise_multiplier", node["noise_multiplier"]))
+        if name == "matrix_gaussian":
+            return MatrixGaussian(
+                _real(at, "noise_multiplier", node["noise_multiplier"]),
+                _integer(at, "rows", node["rows"]),
+                _integer(at, "columns", node["columns"]),
+            )
         if name == "laplace":
             return Laplace(_real(at, "scale", node["scale"]))
         if name == "randomized_response":

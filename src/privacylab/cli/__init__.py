@@ -10,6 +10,8 @@ from privacylab.cli import (  # noqa: F401  (register commands)
     attack,
     audit,
     defend,
+    dpforward,
+    embedding,
     exposure,
     extraction,
     gradients,

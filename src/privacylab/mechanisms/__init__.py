@@ -1,5 +1,5 @@
 """Noise mechanisms: Gaussian (classical and analytic; on tensors with its accounting event),
-Laplace, randomized response, groups; secure sampling."""
+Laplace, randomized response, groups; the analytic matrix Gaussian (aMGM); secure sampling."""
 
 from privacylab.mechanisms.gaussian import (
     add_gaussian_noise,
@@ -10,6 +10,7 @@ from privacylab.mechanisms.gaussian import (
 from privacylab.mechanisms.gaussian_tensor import GaussianMechanism
 from privacylab.mechanisms.group import group_privacy_dp, group_privacy_rdp
 from privacylab.mechanisms.laplace import add_laplace_noise, laplace_scale
+from privacylab.mechanisms.matrix_gaussian import MatrixGaussianMechanism, amgm_sigma
 from privacylab.mechanisms.randomized_response import (
     randomized_response,
     rr_estimate_frequencies,
@@ -19,8 +20,10 @@ from privacylab.mechanisms.secure import secure_standard_normal
 
 __all__ = [
     "GaussianMechanism",
+    "MatrixGaussianMechanism",
     "add_gaussian_noise",
     "add_laplace_noise",
+    "amgm_sigma",
     "analytic_gaussian_sigma",
     "classic_gaussian_sigma",
     "gaussian_epsilon_for",

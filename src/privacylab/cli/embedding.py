@@ -1,0 +1,1 @@
+"""`privacylab attack embedding`: inversion, attribute inference, membership (placeholder)."""
