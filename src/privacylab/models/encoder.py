@@ -135,7 +135,10 @@ class EncoderClassifier(nn.Module):
         ids = self._check(ids)
         where = self.position if position is None else parse_position(position, self.depth)
         keep = ids != PAD_ID
-        hidden = self.encoder.embeddings(input_ids=ids)  # type: ignore[union-attr]
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+        hidden = self.encoder.embeddings(  # type: ignore[union-attr]
+            input_ids=ids, position_ids=positions, token_type_ids=torch.zeros_like(ids)
+        )
         if where.kind == "input":
             return hidden
         stop = where.layer if where.kind == "layer" else self.depth
