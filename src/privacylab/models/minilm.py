@@ -154,3 +154,18 @@ def tiny_bert(
             "pad_token_id": PAD_ID,
         }
     )
+
+
+def encode_texts(tokenizer: Any, texts: list[str], max_len: int) -> Any:
+    """Token ids (n, `max_len`) int64 of `texts`: [CLS] … [SEP], truncated to `max_len` and
+    padded with [PAD] = 0 to exactly `max_len` (DP-Forward's fixed sequence length)."""
+    import torch
+
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 3:
+        raise ModelError(f"max_len must be a whole number >= 3, got {max_len!r}")
+    if not texts:
+        return torch.zeros((0, max_len), dtype=torch.int64)
+    batch = tokenizer(
+        list(texts), padding="max_length", truncation=True, max_length=max_len, return_tensors="pt"
+    )
+    return batch["input_ids"].to(torch.int64)
