@@ -11,6 +11,7 @@ from privacylab.stats.binomial import (
     clopper_pearson_bounds,
     clopper_pearson_upper,
 )
+from privacylab.stats.embedding import majority_share, token_recall
 from privacylab.stats.epsilon import (
     epsilon_from_counts,
     epsilon_lower_bound,
@@ -56,6 +57,7 @@ __all__ = [
     "held_out_epsilon",
     "image_scores",
     "label_accuracy",
+    "majority_share",
     "match",
     "mse",
     "one_run_epsilon_lower_bound",
@@ -66,5 +68,6 @@ __all__ = [
     "roc_curve",
     "ssim",
     "to_unit",
+    "token_recall",
     "tpr_at_fpr",
 ]
