@@ -30,6 +30,7 @@ from privacylab.accounting.events import (
 from privacylab.accounting.gdp import GdpAccountant
 from privacylab.accounting.pld import PldAccountant, PrivacyLossDistribution
 from privacylab.accounting.rdp import RdpAccountant
+from privacylab.accounting.shuffling import ShuffleGuarantee, shuffled_epsilon
 
 __all__ = [
     "Accountant",
@@ -49,10 +50,12 @@ __all__ = [
     "RandomizedResponse",
     "RdpAccountant",
     "SelfComposed",
+    "ShuffleGuarantee",
     "calibrate_noise_multiplier",
     "dp_sgd",
     "make_accountant",
     "max_steps",
+    "shuffled_epsilon",
     "step_budget",
     "steps_from_epochs",
 ]
