@@ -30,6 +30,7 @@ re-run reads it back.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -37,10 +38,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from privacylab.errors import PrivacylabError
 from privacylab.execution.store import ResultStore, config_key
+from privacylab.target import Target
 
 __all__ = [
     "METHODS",
@@ -122,6 +124,14 @@ def _folder(folder: str | Path) -> Path:
             f"{path} is not a DP-Forward model folder (no {', '.join(missing)}); "
             "write one with `privacylab dpforward train`"
         )
+    try:
+        sidecar = json.loads((path / "model.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        sidecar = None
+    if not isinstance(sidecar, dict) or not {"config", "facts"} <= set(sidecar):
+        raise EmbeddingJobError(
+            f"{path} is not a DP-Forward model folder (its model.json has no config and facts)"
+        )
     return path
 
 
@@ -155,37 +165,25 @@ def public_encoder(loaded: Any, *, device: str = "cpu") -> nn.Module:
     return encoder.to(device).eval()
 
 
-def _decode(tokenizer: Any, ids: Tensor) -> str:
+def _decode(tokenizer: Any, ids: list[int]) -> str:
     from privacylab.models.minilm import CLS_ID, PAD_ID, SEP_ID
 
-    kept = [int(t) for t in ids.tolist() if int(t) not in (PAD_ID, CLS_ID, SEP_ID)]
+    kept = [int(t) for t in ids if int(t) not in (PAD_ID, CLS_ID, SEP_ID)]
     return str(tokenizer.decode(kept)).strip()
 
 
-class _TokenIds(nn.Module):
-    """The classifier as `Target` queries it: `Target` sends float batches, the encoder takes
-    integer token ids (exact in float32 for WordPiece ids < 2^24)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.model(x.round().long())
-
-
 def _membership(
-    loaded: Any, count: int, seed: int, device: str
+    loaded: Any, target: Target, count: int, seed: int
 ) -> tuple[float | None, dict[str, dict[str, Any]]]:
     """Du et al. 2023, Sec. 6.2: the confidence and entropy attacks (no shadow models, so
     threshold-free scores) on the deployed classifier's probability vectors; `count` members
     (train split) and `count` non-members (test split), seeded, at most as many as either split
-    holds; metrics on the one path (`privacylab.report.metrics.membership_metrics`). Returns
-    the best AUC and each attack's metrics."""
+    holds, queried through `target` (the deployed classifier at scores access); metrics on the
+    one path (`privacylab.report.metrics.membership_metrics`). Returns the best AUC and each
+    attack's metrics."""
     from privacylab.attacks.membership.base import MembershipTask, make_attack, run_attack
     from privacylab.models.minilm import encode_texts
     from privacylab.report.metrics import membership_metrics
-    from privacylab.target import Target
 
     reviews = loaded.reviews
     train, test = reviews.subset("train"), reviews.subset("test")
@@ -200,8 +198,7 @@ def _membership(
     truth = np.r_[np.ones(n, dtype=int), np.zeros(n, dtype=int)]
     order = rng.permutation(2 * n)
     ids = encode_texts(loaded.tokenizer, [texts[i] for i in order], loaded.config.max_len)
-    task = MembershipTask(ids.float(), torch.as_tensor(labels[order]), loaded.model.num_classes)
-    target = Target(_TokenIds(loaded.model), "scores", loaded.model.num_classes, device=device)
+    task = MembershipTask(ids, torch.as_tensor(labels[order]), loaded.model.num_classes)
     rows: dict[str, dict[str, Any]] = {}
     for name in MIA_ATTACKS:
         result = run_attack(make_attack(name, thresholds="global"), target, task, truth[order])
@@ -255,14 +252,15 @@ def _run(
     folder: Path, name: str, victims: int, seed: int, device: str, progress: Progress | None
 ) -> dict[str, Any]:
     from privacylab.attacks.embedding import (
-        EMBEDDING_ATTACKS,
         EmbeddingTask,
+        make_embedding,
         run_attribute,
         run_inversion,
     )
     from privacylab.data.reviews import CATEGORIES
     from privacylab.dpforward import load_dpforward
     from privacylab.models.minilm import encode_texts
+    from privacylab.report.jsonable import json_ready
     from privacylab.target.embedding import EmbeddingTarget
 
     def step(stage: str, done: int) -> None:
@@ -271,9 +269,16 @@ def _run(
 
     start = time.perf_counter()
     step("load", 0)
+    attack = make_embedding(name)
     loaded = load_dpforward(folder, device=device)
     config, facts, reviews = loaded.config, loaded.facts, loaded.reviews
-    target = EmbeddingTarget(loaded.model, "logits", position=str(config.position), device=device)
+    target = EmbeddingTarget(
+        loaded.model,
+        "logits",
+        position=str(config.position),
+        length=config.max_len,
+        device=device,
+    )
     test = reviews.subset("test")
     rng = np.random.default_rng(seed)
     chosen = np.sort(rng.choice(len(test), min(victims, len(test)), replace=False))
@@ -281,58 +286,54 @@ def _run(
     step("release", 1)
     observed = target.embeddings(ids)
     released = target.queries
-    attack_class = EMBEDDING_ATTACKS.get(name)
-    attack = attack_class()
-    kind = attack.kind
     aux = reviews.subset("aux")
-    public = public_encoder(loaded, device=device) if kind == "inversion" else None
+    inversion = attack.kind == "inversion"
     task = EmbeddingTask(
         observed=observed,
         length=int(ids.shape[1]),
-        public_encoder=public,
+        public_encoder=public_encoder(loaded, device=device) if inversion else None,
         auxiliary_ids=encode_texts(loaded.tokenizer, list(aux.texts), config.max_len),
-        auxiliary_attributes=np.asarray(aux.attributes),
+        auxiliary_attributes=np.asarray(aux.attributes, dtype=np.int64),
         attribute_names=tuple(CATEGORIES),
+        seed=seed,
     )
     step(f"attack {name}", 2)
     recall = accuracy = chance = None
     examples: list[dict[str, str]] = []
-    if kind == "inversion":
-        outcome = run_inversion(attack, target, task, ids)
-        recall = float(outcome.recall)
-        examples = _examples(loaded.tokenizer, ids, outcome)
+    if inversion:
+        inverted = run_inversion(
+            attack,
+            target,
+            task,
+            ids,
+            decode=lambda tokens: _decode(loaded.tokenizer, tokens),
+            examples=EXAMPLES,
+        )
+        recall, queries = inverted.recall, inverted.queries
+        examples = [{"truth": e["truth"], "recovered": e["recovered"]} for e in inverted.examples]
     else:
-        outcome = run_attribute(attack, target, task, np.asarray(test.attributes)[chosen])
-        accuracy, chance = float(outcome.accuracy), float(outcome.chance)
-    queries = released + int(outcome.queries)
+        inferred = run_attribute(attack, target, task, np.asarray(test.attributes)[chosen])
+        accuracy, chance, queries = inferred.accuracy, inferred.chance, inferred.queries
     step("membership", 3)
-    mia_auc, mia = _membership(loaded, victims, seed, device)
+    mia_auc, mia = _membership(loaded, target.with_access("scores"), victims, seed)
     step("done", 4)
-    return {
-        "method": name,
-        "target": facts,
-        "accuracy": facts.get("accuracy"),
-        "epsilon": facts.get("epsilon"),
-        "delta": facts.get("delta"),
-        "event": facts.get("event"),
-        "accountant": facts.get("accountant"),
-        "position": str(config.position),
-        "inversion_recall": recall,
-        "attribute_accuracy": accuracy,
-        "attribute_chance": chance,
-        "mia_auc": mia_auc,
-        "mia": mia,
-        "examples": examples,
-        "queries": queries,
-        "seconds": time.perf_counter() - start,
-    }
-
-
-def _examples(tokenizer: Any, truth: Tensor, outcome: Any) -> list[dict[str, str]]:
-    tokens = getattr(outcome, "tokens", None)
-    if tokens is None:
-        return [dict(e) for e in list(getattr(outcome, "examples", []))[:EXAMPLES]]
-    return [
-        {"truth": _decode(tokenizer, truth[i]), "recovered": _decode(tokenizer, tokens[i])}
-        for i in range(min(EXAMPLES, int(truth.shape[0])))
-    ]
+    return json_ready(
+        {
+            "method": name,
+            "target": facts,
+            "accuracy": facts.get("accuracy"),
+            "epsilon": facts.get("epsilon"),
+            "delta": facts.get("delta"),
+            "event": facts.get("event"),
+            "accountant": facts.get("accountant"),
+            "position": str(config.position),
+            "inversion_recall": recall,
+            "attribute_accuracy": accuracy,
+            "attribute_chance": chance,
+            "mia_auc": mia_auc,
+            "mia": mia,
+            "examples": examples,
+            "queries": released + int(queries),
+            "seconds": time.perf_counter() - start,
+        }
+    )
