@@ -16,6 +16,7 @@ DP-Forward model stores that dictionary and its weights as safetensors, nothing 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,29 +64,43 @@ def minilm_folder(folder: str | Path | None = None) -> Path:
     )
 
 
+def _depth(path: Path) -> int:
+    try:
+        depth = json.loads((path / "config.json").read_text(encoding="utf-8"))["num_hidden_layers"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as error:
+        raise ModelError(
+            f"cannot read the encoder depth from {path / 'config.json'}: {error}"
+        ) from None
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ModelError(f"{path / 'config.json'} gives no valid num_hidden_layers")
+    return depth
+
+
 def load_tokenizer(folder: str | Path | None = None) -> Any:
     """MiniLM's WordPiece tokenizer (a `transformers` fast BERT tokenizer), read offline."""
+    path = minilm_folder(folder)
     _offline()
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(minilm_folder(folder)), local_files_only=True)
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
 def load_minilm(folder: str | Path | None = None, *, layers: int | None = None) -> nn.Module:
     """The pretrained all-MiniLM-L6-v2 encoder (a `transformers` BertModel without its pooler),
     read offline; with `layers`, only its first `layers` encoder layers are kept (a smaller
     encoder with real weights, for quick runs)."""
+    path = minilm_folder(folder)
+    if layers is not None:
+        depth = _depth(path)
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= depth:
+            raise ModelError(f"layers must be a whole number in [1, {depth}], got {layers!r}")
     _offline()
     from transformers import AutoModel
 
-    path = minilm_folder(folder)
     model = AutoModel.from_pretrained(
         str(path), local_files_only=True, add_pooling_layer=False, attn_implementation="eager"
     )
     if layers is not None:
-        depth = len(model.encoder.layer)
-        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= depth:
-            raise ModelError(f"layers must be a whole number in [1, {depth}], got {layers!r}")
         model.encoder.layer = model.encoder.layer[:layers]
         model.config.num_hidden_layers = layers
     return model
