@@ -179,15 +179,16 @@ def test_table_formats_numbers_events_and_missing_cells(report: Path) -> None:
     forward = rows["DP-Forward, output, ε=8"]
     assert forward[1:] == [
         "DP-Forward", "output", "8", "1e-05", "MatrixGaussian(σ/Δ=0.91, 48×384)", "pld",
-        "0.853", "0.040", "0.110", "0.270 (0.250)", "0.520",
+        "0.853", "0.040", "0.110", "0.270 (0.250)", "0.520", "0.500",
     ]  # fmt: skip
     sgd = rows["DP-SGD, ε=8"]
     assert sgd[2] == "—" and sgd[5] == "90 × PoissonSampled(q=0.033, Gaussian(σ/Δ=1.1))"
-    assert sgd[8:] == ["0.910", "—", "0.620 (0.250)", "0.530"]
+    assert sgd[8:] == ["0.910", "—", "0.620 (0.250)", "0.530", "0.500"]
     plain = rows["non-private"]
     assert plain[3:7] == ["∞", "—", "—", "—"] and plain[7] == "0.912"
-    assert rows["DP-Forward, input, ε=8"][8:] == ["—", "—", "—", "—"]
+    assert rows["DP-Forward, input, ε=8"][8:] == ["—", "—", "—", "—", "0.500"]
     assert 'data-sort="Infinity">∞</td>' in section(report)
+    assert 'title="confidence: AUC 0.530, TPR@1% FPR 0.010">0.530</td>' in section(report)
 
 
 def test_event_summary_reads_every_event_kind() -> None:
@@ -381,6 +382,7 @@ def rows_of(*specs: tuple[str, float | None, str, float | None, float | None]) -
         if attribute is not None:
             runs["attribute"] = {"attribute_accuracy": attribute, "attribute_chance": 0.25}
         target = facts(f"/r{i}", method, epsilon, position, accuracy=0.6 + 0.01 * i)
+        target["seconds_per_step"] = 1.6 if method == "dp-sgd" else 0.5
         models.append({"folder": f"/r{i}", "facts": target, "runs": runs})
     return model_rows({"models": models})
 
@@ -391,12 +393,13 @@ def test_findings_and_verdict_against_hand_checked_cases() -> None:
         ("dp-forward", 8.0, "input", 0.1, 0.28),
         ("dp-forward", 8.0, "output", 0.05, 0.26),
     )
-    accuracy, position, inversion, attribute, membership = findings(rows)
+    accuracy, position, inversion, attribute, membership, cost = findings(rows)
     assert accuracy.holds == "holds" and "+2.0 pp" in accuracy.ours  # 0.62 vs 0.60 at ε=8
     assert position.holds == "holds"  # output (0.62) beats input (0.61)
     assert inversion.holds == "holds" and attribute.holds == "holds"
     assert "DP-Forward recall 0.05–0.10 (2/2 stopped)" in inversion.ours
     assert membership.holds == "partly"  # DP-SGD AUC 0.59 > 0.55
+    assert cost.holds == "holds" and "(3.2×" in cost.ours  # 1.6 s / 0.5 s
     line = verdict(rows)
     assert "Inversion: yes" in line and "Attribute inference: yes" in line
     assert "\n" not in line
@@ -411,6 +414,10 @@ def test_findings_and_verdict_against_hand_checked_cases() -> None:
     assert "Inversion: partly" in verdict(mixed)
     assert "Attribute inference: not measured" in verdict(mixed)
     assert findings(mixed)[0].holds == "not measured"  # no DP-Forward model at ε=8
+    mixed[0]["seconds_per_step"] = 0.8
+    assert findings(mixed)[-1].holds == "partly"  # 0.8 s / 0.5 s = 1.6×, faster but not 3×
+    mixed[0]["seconds_per_step"] = 0.4
+    assert findings(mixed)[-1].holds == "does not hold"
     assert verdict(rows_of(("non-private", None, "output", 0.9, 0.6))).startswith("Not measured")
 
 

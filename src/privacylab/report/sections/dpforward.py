@@ -62,7 +62,8 @@ MODEL_COLUMNS: tuple[tuple[str, str, str], ...] = (
         "attribute (chance)",
         "accuracy of attribute inference from the embeddings, the majority share in brackets",
     ),
-    ("mia_auc", "MIA AUC", "best membership attack's AUC on the classifier"),
+    ("mia_auc", "MIA AUC", "best membership attack's AUC on the classifier (hover: each attack)"),
+    ("seconds_per_step", "s / step", "seconds per fine-tuning step when it was trained"),
 )
 """(key, header, tooltip) of the model table."""
 
@@ -104,6 +105,13 @@ def _epsilon_cell(row: Mapping[str, Any]) -> str:
     return num_cell(epsilon, text, title="; ".join(tips))
 
 
+def _mia_title(row: Mapping[str, Any]) -> str:
+    return "; ".join(
+        f"{name}: AUC {fmt(m.get('auc'))}, TPR@1% FPR {fmt(m.get('tpr_at_1_fpr'))}"
+        for name, m in (row.get("mia") or {}).items()
+    )
+
+
 def model_table(rows: list[dict[str, Any]]) -> str:
     """The model table: one sortable row per model folder (`model_rows`), "—" where a model
     has no run of that kind."""
@@ -128,7 +136,8 @@ def model_table(rows: list[dict[str, Any]]) -> str:
             num_cell(
                 attribute, MISSING if attribute is None else f"{fmt(attribute)} ({fmt(chance)})"
             ),
-            num_cell(row.get("mia_auc")),
+            num_cell(row.get("mia_auc"), title=_mia_title(row)),
+            num_cell(row.get("seconds_per_step")),
         ]
         body.append("<tr>" + "".join(cells) + "</tr>")
     return sortable_table(
