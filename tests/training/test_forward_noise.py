@@ -199,3 +199,21 @@ def test_huge_epsilon_near_noiseless_tiny_epsilon_chance(task: tuple) -> None:
     assert clear >= 0.9
     assert _accuracy(1e4, task) >= clear - 0.05
     assert abs(_accuracy(0.01, task) - 0.5) <= 0.15
+
+
+def test_shuffling_reported_where_it_applies() -> None:
+    mechanism = forward_mechanism(1.0, DELTA, 1.0, 1, 8, releases=2)
+    many = forward_privacy(mechanism, clip=1.0, delta=DELTA, releases=2, users=10**6).shuffled
+    assert many is not None
+    assert many["theorem"].endswith("Theorem 3.8") and "shuffler" in many["assumption"]
+    assert many["n"] == 10**6 and many["delta0"] == pytest.approx(DELTA / 4e6)
+    # ε0 is one release's ε at δ0 (closed form of one Gaussian release), amplified below it
+    mu_one = mechanism.sensitivity / mechanism.scale
+    assert gaussian_composition_delta(many["epsilon0"], mu_one) == pytest.approx(
+        many["delta0"], rel=1e-2
+    )
+    assert many["epsilon"] < many["epsilon0"]
+    assert many["composed_epsilon"] == pytest.approx(2 * many["epsilon"])
+    assert many["composed_delta"] == pytest.approx(2 * many["delta"]) and many["rounds"] == 2
+    few = forward_privacy(mechanism, clip=1.0, delta=DELTA, releases=2, users=50)
+    assert few.shuffled is None
