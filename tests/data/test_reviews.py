@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from scipy.stats import chi2_contingency
 from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
 
 from privacylab.data.reviews import (
     CATEGORIES,
@@ -141,6 +142,29 @@ def test_label_and_attribute_are_learnable_and_independent(reviews: Reviews) -> 
     from_label = LogisticRegression().fit(one_hot, aux.attributes)
     accuracy = (from_label.predict(np.eye(len(LABELS))[test.labels]) == test.attributes).mean()
     assert accuracy == pytest.approx(1 / len(CATEGORIES), abs=0.01)
+
+
+def test_mixed_reviews_are_the_memorised_ones(reviews: Reviews) -> None:
+    """A model fits mixed members only by memorising them: a loss-threshold membership
+    attack (Yeom et al. 2018) separates mixed members from mixed non-members far better than
+    it separates the others (roc_auc_score as the oracle)."""
+    train, test = reviews.subset("train"), reviews.subset("test")
+    vectorizer = CountVectorizer(ngram_range=(1, 2)).fit(train.texts)
+    model = LogisticRegression(C=1.0, max_iter=5000).fit(
+        vectorizer.transform(train.texts), train.labels
+    )
+
+    def confidence(part: Reviews) -> np.ndarray:
+        probabilities = model.predict_proba(vectorizer.transform(part.texts))
+        return probabilities[np.arange(len(part)), part.labels]
+
+    assert (model.predict(vectorizer.transform(train.texts)) == train.labels).mean() == 1.0
+    scores = np.r_[confidence(train), confidence(test)]
+    members = np.r_[np.ones(len(train)), np.zeros(len(test))]
+    mixed = np.r_[train.mixed, test.mixed]
+    auc_mixed = roc_auc_score(members[mixed], scores[mixed])
+    auc_clean = roc_auc_score(members[~mixed], scores[~mixed])
+    assert auc_mixed > 0.75 and auc_mixed > auc_clean + 0.15
 
 
 def test_sentiment_survives_truncation_to_48_tokens(reviews: Reviews) -> None:
