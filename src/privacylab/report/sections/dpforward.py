@@ -43,7 +43,7 @@ from privacylab.report.sections import register_section
 __all__ = ["FINDING_COLUMNS", "MODEL_COLUMNS", "DPForwardSection", "examples_html", "model_table"]
 
 MODEL_COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("model", "model", "the fine-tuned model folder"),
+    ("model", "model folder", "the fine-tuned model's folder (hover: its full path)"),
     ("method", "method", "DP-Forward (noise in the forward pass), DP-SGD or non-private"),
     ("position", "position", "where DP-Forward normalises and perturbs the embedding matrix"),
     ("epsilon", "ε", "sequence-level ε over all training epochs (∞: no privacy)"),
@@ -121,7 +121,7 @@ def model_table(rows: list[dict[str, Any]]) -> str:
         attribute = row.get("attribute_accuracy")
         chance = row.get("attribute_chance")
         cells = [
-            text_cell(row["label"], title=row["folder"]),
+            text_cell(Path(row["folder"]).name or row["folder"], title=row["folder"]),
             text_cell(METHOD_NAMES.get(method, method)),
             text_cell(row.get("position") if method == "dp-forward" else None),
             _epsilon_cell(row),
@@ -210,6 +210,7 @@ class DPForwardSection:
     order = 48
     css = """
 .verdict { font-weight: 600; }
+table.dpforward-models td:not(.text) { white-space: nowrap; }
 td.ok { color: #0a6b2b; font-weight: 600; }
 td.warn { color: #8a5a00; font-weight: 600; }
 td.bad { color: #a40000; font-weight: 600; }
