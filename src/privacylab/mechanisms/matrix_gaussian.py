@@ -25,6 +25,7 @@ Gaussian mechanism with σ = σ_min(B)σ_min(C), which Balle & Wang's condition 
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -239,8 +240,9 @@ class MatrixGaussianMechanism:
         The standard normals come from `generator` on ITS device (the CPU when there is none)
         in float64, so a CPU generator gives the same numbers whatever `device` is; they are
         shaped by B and C there and then moved."""
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 0:
+        if isinstance(batch, bool) or not isinstance(batch, numbers.Integral) or batch < 0:
             raise check.PrivacyParameterError(f"batch must be a whole number >= 0, got {batch!r}")
+        batch = int(batch)
         source = torch.device("cpu") if self.generator is None else self.generator.device
         draw = torch.randn(
             (batch, self.rows, self.columns),

@@ -124,7 +124,7 @@ class MVGMechanism(MatrixGaussianMechanism):
     """sup_X ‖f(X)‖_F the calibration assumed (set by `calibrated`; None when built directly)."""
 
     @classmethod
-    def calibrated(  # type: ignore[override]
+    def calibrated(
         cls,
         epsilon: float,
         delta: float,
@@ -151,21 +151,23 @@ class MVGMechanism(MatrixGaussianMechanism):
         budget = mvg_precision_budget(
             epsilon / releases, delta / releases, sensitivity, rows, columns, gamma
         )
-        shaped = cls(
-            rows,
-            columns,
-            1.0,
-            sensitivity,
-            row_factor=row_factor,
-            column_factor=column_factor,
+        shape = MatrixGaussianMechanism(
+            rows, columns, 1.0, sensitivity, row_factor=row_factor, column_factor=column_factor
+        )
+        spread = _inverse_spectrum_norm(shape.row_factor, shape.rows) * _inverse_spectrum_norm(
+            shape.column_factor, shape.columns
+        )
+        mechanism = cls(
+            shape.rows,
+            shape.columns,
+            math.sqrt(spread / budget),
+            shape.sensitivity,
+            row_factor=shape.row_factor,
+            column_factor=shape.column_factor,
             generator=generator,
         )
-        spread = _inverse_spectrum_norm(shaped.row_factor, shaped.rows) * _inverse_spectrum_norm(
-            shaped.column_factor, shaped.columns
-        )
-        shaped.scale = math.sqrt(spread / budget)
-        shaped.gamma = _gamma(shaped.sensitivity, gamma)
-        return shaped
+        mechanism.gamma = _gamma(mechanism.sensitivity, gamma)
+        return mechanism
 
     def mvg_condition(self) -> float:
         """‖σ(Σ⁻¹)‖₂ · ‖σ(Ψ⁻¹)‖₂ of the noise drawn, the left side of Theorem 3."""
