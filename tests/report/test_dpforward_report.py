@@ -189,6 +189,40 @@ def test_table_formats_numbers_events_and_missing_cells(report: Path) -> None:
     assert 'title="confidence: AUC 0.530, TPR@1% FPR 0.010">0.530</td>' in section(report)
 
 
+TRAINED = json.loads(
+    '{"method": "dp-forward", "position": "output", "encoder": "tiny", "layers": 2, "epsilon": '
+    '7.999999999990342, "delta": 1e-05, "event": {"type": "self_composed", "event": {"type": '
+    '"matrix_gaussian", "noise_multiplier": 0.6002290721995519, "rows": 1, "columns": 32}, '
+    '"count": 1}, "accountant": "pld", "privacy": {"notion": "SeqLDP", "adjacency": '
+    '"replace-one sequence", "sensitivity": 2.0, "clip": 1.0, "epsilon": 7.999999999990342, '
+    '"delta": 1e-05, "accountant": "pld", "event": {"type": "self_composed", "event": {"type": '
+    '"matrix_gaussian", "noise_multiplier": 0.6002290721995519, "rows": 1, "columns": 32}, '
+    '"count": 1}, "releases": 1, "inference_epsilon": 7.999999999990342, "label_epsilon": 1.0, '
+    '"label_event": null, "total_epsilon": 8.61, "shuffled": {"epsilon": 0.31, '
+    '"composed_epsilon": 0.93}}, "label_epsilon": 1.0, "accuracy": 0.625, "train_accuracy": '
+    '0.46875, "members": 32, "non_members": 24, "epochs": 1, "seconds": 0.644, '
+    '"seconds_per_step": 0.1133, "folder": "/tmp/tmptxb7h5a3/m"}'
+)
+"""Facts as `train_dpforward` returned them for a tiny encoder (label ε, total and shuffled
+ε filled in by hand)."""
+
+
+def test_trained_facts_show_event_label_inference_and_shuffled_epsilon(tmp_path: Path) -> None:
+    add_dpforward_run(tmp_path, {"facts": TRAINED})
+    html = section(tmp_path)
+    (row,) = table_rows(html, "dpforward-models")
+    assert row == [
+        "m", "DP-Forward", "output", "8 + labels 1", "1e-05", "1 × MatrixGaussian(σ/Δ=0.6, 1×32)",
+        "pld", "0.625", "—", "—", "—", "—", "0.113",
+    ]  # fmt: skip
+    assert (
+        'title="sequence and label composed: ε = 8.61; one inference query: ε = 8; '
+        'with a trusted shuffler (Feldman et al. 2021): ε = 0.93">8 + labels 1</td>'
+    ) in html
+    assert ATTACKS_IMAGE not in html and f'<img src="{ACCURACY_IMAGE}"' in html
+    assert "Not measured yet" in html
+
+
 def test_event_summary_reads_every_event_kind() -> None:
     composed = {
         "type": "composed",

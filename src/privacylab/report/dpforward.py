@@ -221,6 +221,7 @@ def model_rows(block: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "accountant": pick("accountant"),
                 "label_epsilon": number(facts.get("label_epsilon")),
                 "total_epsilon": number(privacy.get("total_epsilon")),
+                "inference_epsilon": number(privacy.get("inference_epsilon")),
                 "shuffled": shuffled if isinstance(shuffled, Mapping) else None,
                 "encoder": facts.get("encoder"),
                 "accuracy": number(pick("accuracy")),

@@ -24,6 +24,7 @@ from privacylab.report._format import (
     fmt,
     mappings,
     num_cell,
+    number,
     section_block,
     sortable_table,
     text_cell,
@@ -89,6 +90,10 @@ GUIDE = (
 _STATE_CLASS = {"holds": "ok", "partly": "warn", "does not hold": "bad", "not measured": ""}
 
 
+def _first_number(data: Mapping[str, Any], *keys: str) -> float | None:
+    return next((x for k in keys if (x := number(data.get(k))) is not None), None)
+
+
 def _epsilon_cell(row: Mapping[str, Any]) -> str:
     epsilon = row.get("epsilon")
     if epsilon is None:
@@ -99,9 +104,13 @@ def _epsilon_cell(row: Mapping[str, Any]) -> str:
         text += f" + labels {row['label_epsilon']:.3g}"
         if row.get("total_epsilon") is not None:
             tips.append(f"sequence and label composed: ε = {row['total_epsilon']:.3g}")
+    if row.get("inference_epsilon") is not None:
+        tips.append(f"one inference query: ε = {row['inference_epsilon']:.3g}")
     shuffled = row.get("shuffled")
-    if isinstance(shuffled, Mapping) and shuffled.get("epsilon") is not None:
-        tips.append(f"with a trusted shuffler: ε = {fmt(shuffled.get('epsilon'), 3)}")
+    if isinstance(shuffled, Mapping):
+        amplified = _first_number(shuffled, "composed_epsilon", "epsilon")
+        if amplified is not None:
+            tips.append(f"with a trusted shuffler (Feldman et al. 2021): ε = {amplified:.3g}")
     return num_cell(epsilon, text, title="; ".join(tips))
 
 
