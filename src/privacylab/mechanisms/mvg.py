@@ -12,10 +12,10 @@ H_{r,1/2} = Σ_{i≤r} 1/√i are generalized harmonic numbers,
     α = (H_r + H_{r,1/2}) γ² + 2 H_r γ s₂(f),
     β = 2 (mn)^{1/4} H_r s₂(f) ζ(δ),     ζ(δ) = 2√(−mn ln δ) − 2 ln δ + mn   (their Table 1).
 
-The condition is sufficient, not necessary. Du et al. 2023 (DP-Forward, Sec. 4 and their
-comparison code) use exactly this ζ(δ); ζ(δ)² bounds ‖N‖²_F with probability 1 − δ
-(Laurent & Massart 2000), so some implementations take ζ as its square root. The form kept here
-is the larger one: never less noise than the theorem asks for.
+The condition is sufficient, not necessary. DP-Forward's public code (Du et al. 2023, the MVG
+baseline they compare aMGM with) uses exactly this ζ(δ); since mn + 2√(−mn ln δ) − 2 ln δ bounds
+‖N‖²_F with probability 1 − δ (Laurent & Massart 2000, Lemma 1), some implementations take ζ as
+its square root. The form kept here is the larger one: never less noise than the theorem asks.
 
 With i.i.d. noise (Σ = Ψ ∝ I) the left side is √(mn) / σ², so the smallest per-entry standard
 deviation is σ = (mn)^{1/4} · 2α / (−β + √(β² + 8αε)) (`mvg_sufficient_scale`). The noise drawn
