@@ -217,7 +217,7 @@ def embedding_class(name: str, kind: str | None = None) -> type[EmbeddingAttack]
     cls = EMBEDDING_ATTACKS.get(name)
     if kind is not None and cls.kind != kind:
         raise EmbeddingError(
-            f"{name} is a {cls.kind} attack; choose one of {', '.join(embedding_names(kind))}"
+            f"{name} is an {cls.kind} attack; choose one of {', '.join(embedding_names(kind))}"
         )
     return cls
 
@@ -230,7 +230,7 @@ def make_embedding(name: str, kind: str | None = None, **options: Any) -> Embedd
 def _attack(attack: EmbeddingAttack | str, kind: str) -> EmbeddingAttack:
     built = make_embedding(attack, kind) if isinstance(attack, str) else attack
     if not isinstance(built, EmbeddingAttack) or built.kind != kind:
-        raise EmbeddingError(f"{getattr(built, 'name', built)!r} is not a {kind} attack")
+        raise EmbeddingError(f"{getattr(built, 'name', built)} is not an {kind} attack")
     return built
 
 

@@ -52,6 +52,8 @@ from privacylab.target import Access, Target
 __all__ = ["NearestNeighbourInversion", "OptimisationInversion"]
 
 SPECIALS = (PAD_ID, CLS_ID, SEP_ID)
+CHUNK = 512
+"""Rows scored against the whole vocabulary at once (bounds the (rows, V) score matrix)."""
 
 
 def _encoder(task: EmbeddingTask, attack: str) -> nn.Module:
@@ -100,26 +102,53 @@ def _rows(encoder: nn.Module, words: Tensor, positions: Tensor | None = None) ->
 
 
 @torch.no_grad()
-def _table(encoder: nn.Module, index: int | None, length: int) -> Tensor:
-    """Unit-norm φ(v) for every token v at position `index` (None: the position embedding
-    averaged over the first `length` positions): (V, d)."""
-    word, position, _, _ = _parts(encoder)
-    where = position[:length].mean(0) if index is None else position[index]
-    return F.normalize(_rows(encoder, word, where), dim=-1)
+def _cosines(encoder: nn.Module, rows: Tensor, where: Tensor, shifts: Tensor) -> Tensor:
+    """cos(rows[j], φ_j(v)) for every token v: (n, V), where φ_j(v) = LayerNorm(word(v) +
+    shifts[where[j]]) (shift = position(i) + segment(0)).
+
+    LayerNorm is expanded so that no (V, d) table is built per position: with x̃ = w̃_v + c̃
+    (centred word and shift) and s² = ‖x̃‖²/d + eps, ⟨o, LN(x)⟩ = ⟨o∘γ, x̃⟩/s + ⟨o, β⟩ and
+    ‖LN(x)‖² = Σγ²x̃²/s² + 2⟨γ∘β, x̃⟩/s + ‖β‖², all from dot products with w̃_v."""
+    word, _, _, norm = _parts(encoder)
+    gamma, beta, eps = norm.weight, norm.bias, float(norm.eps)
+    d = word.shape[1]
+    w = word - word.mean(1, keepdim=True)
+    c = shifts - shifts.mean(1, keepdim=True)
+    wc = c @ w.T
+    variance = ((w * w).sum(1)[None] + 2 * wc + (c * c).sum(1)[:, None]) / d + eps
+    inverse = variance.rsqrt()
+    squares = ((w * w) @ (gamma * gamma))[None] + 2 * ((c * gamma * gamma) @ w.T)
+    squares = squares + ((c * c) @ (gamma * gamma))[:, None]
+    cross = ((w @ (gamma * beta))[None] + (c @ (gamma * beta))[:, None]) * inverse
+    length = (squares * inverse * inverse + 2 * cross + (beta * beta).sum()).clamp_min(1e-12)
+    unit = F.normalize(rows, dim=-1)
+    scaled = unit * gamma
+    dots = (scaled @ w.T + (scaled * c[where]).sum(1, keepdim=True)) * inverse[where]
+    return (dots + (unit @ beta)[:, None]) / length[where].sqrt()
 
 
 @torch.no_grad()
-def _nearest(encoder: nn.Module, observed: Tensor, position: Position, k: int) -> Tensor:
-    """The `k` tokens of highest cosine similarity to each observed row: (m, L, k) at an
-    unpooled position, (m, 1, k) at the pooled output."""
-    unit = F.normalize(observed, dim=-1)
+def _nearest(
+    encoder: nn.Module, observed: Tensor, position: Position, k: int, length: int
+) -> Tensor:
+    """The `k` tokens of highest cosine similarity to each observed row, against the token
+    table at the row's position: (m, L, k); at the pooled output, against the table at the
+    position embedding averaged over the `length` positions, (m, 1, k)."""
+    _, position_table, segment, _ = _parts(encoder)
+    m, r, d = observed.shape
     if position.pooled:
-        return (
-            (unit[:, 0] @ _table(encoder, None, observed.shape[1]).T).topk(k, -1).indices[:, None]
-        )
-    length = observed.shape[1]
-    picks = [(unit[:, i] @ _table(encoder, i, length).T).topk(k, -1).indices for i in range(length)]
-    return torch.stack(picks, 1)
+        shifts = (position_table[:length].mean(0) + segment)[None]
+    else:
+        shifts = position_table[:r] + segment
+    rows = observed.reshape(m * r, d)
+    where = torch.arange(shifts.shape[0], device=rows.device).repeat(m)
+    picks = [
+        _cosines(encoder, rows[i : i + CHUNK], where[i : i + CHUNK], shifts).topk(k, -1).indices
+        for i in range(0, m * r, CHUNK)
+    ]
+    if not picks:
+        return torch.zeros(0, r, k, dtype=torch.int64, device=rows.device)
+    return torch.cat(picks).reshape(m, r, k)
 
 
 def _layers(encoder: nn.Module, hidden: Tensor, keep: Tensor, position: Position) -> Tensor:
@@ -167,9 +196,9 @@ class NearestNeighbourInversion(EmbeddingAttack):
             observed = task.observed[i : i + self.chunk].to(device)
             if position.pooled:
                 k = min(task.length, int(encoder.config.vocab_size))  # type: ignore[union-attr]
-                outs.append(_nearest(encoder, observed, position, k)[:, 0].cpu())
+                outs.append(_nearest(encoder, observed, position, k, task.length)[:, 0].cpu())
             else:
-                outs.append(_nearest(encoder, observed, position, 1)[..., 0].cpu())
+                outs.append(_nearest(encoder, observed, position, 1, task.length)[..., 0].cpu())
         tokens = torch.cat(outs) if outs else torch.zeros(0, task.length, dtype=torch.int64)
         return InversionOutput(tokens=tokens, params={"position": str(position)})
 
@@ -247,7 +276,7 @@ class OptimisationInversion(EmbeddingAttack):
         m = observed.shape[0]
         word = _parts(encoder)[0]
         near = max(1, self.candidates // 2)
-        by_distance = _nearest(encoder, observed, position, near).expand(m, length, near)
+        by_distance = _nearest(encoder, observed, position, near, length).expand(m, length, near)
         mean = word.mean(0).expand(m, length, -1).clone().requires_grad_(True)
         keep = torch.ones(m, length, device=observed.device)
         with torch.enable_grad():
