@@ -14,7 +14,9 @@ Privacy in Forward Pass", CCS'23, Sec. 6) evaluate three threats on one fine-tun
   majority-class share (chance);
 - sequence-level membership inference (Sec. 6.2): the confidence- and entropy-threshold
   attacks (Song & Mittal 2021, Eqs. 3-4) on the deployed classifier's probability vectors,
-  members from the training split against as many non-members from the test split.
+  members from the training split against as many non-members from the test split;
+  `mia_auc` is the higher of their two AUCs (the stronger attack), `mia` holds each one's
+  metrics from the one metrics path.
 
 `run_embedding_attack` loads a model folder of `privacylab dpforward train`
 (`privacylab.dpforward.load_dpforward`), puts its classifier behind an `EmbeddingTarget` at
