@@ -394,7 +394,7 @@ def test_same_model_by_relative_path_and_retraining_drops_stale_runs(
     (tmp_path / "m").mkdir()
     first = facts(str(tmp_path / "m"))
     add_dpforward_run("out", attack(first, "inversion-nn", 0.05))
-    add_dpforward_run("out", {"facts": facts("m", accuracy=0.9)})
+    add_dpforward_run("out", facts("m", accuracy=0.9))  # the facts alone, unwrapped
     models = results(tmp_path / "out")["dpforward"]["models"]
     assert len(models) == 1 and list(models[0]["runs"]) == ["inversion-nn"]
     assert models[0]["facts"]["accuracy"] == 0.9

@@ -630,6 +630,9 @@ def _facts_of(payload: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any
     if "facts" in payload and "method" not in payload:
         facts, run = payload.get("facts"), None
         where = "payload['facts']"
+    elif "folder" in payload and "target" not in payload:
+        facts, run = payload, None
+        where = "facts"
     elif "method" in payload:
         method = payload.get("method")
         if method not in ATTACK_METHODS:
@@ -719,8 +722,8 @@ def _locked(folder: Path) -> Iterator[None]:
 
 
 def add_dpforward_run(out_dir: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:
-    """Merge one DP-Forward `payload` (``{"facts": facts}`` from training, or one
-    `privacylab attack embedding` run) into the report in `out_dir`; return its index.html.
+    """Merge one DP-Forward `payload` (``{"facts": facts}`` from training, the facts alone, or
+    one `privacylab attack embedding` run) into the report in `out_dir`; return its index.html.
 
     The model is found by its folder (the same text or the same resolved directory) among
     ``results["dpforward"]["models"]`` or appended; its facts are replaced by the payload's;
