@@ -234,6 +234,12 @@ def _attack(attack: EmbeddingAttack | str, kind: str) -> EmbeddingAttack:
     return built
 
 
+def _victims(task: EmbeddingTask) -> int:
+    if not isinstance(task, EmbeddingTask):
+        raise EmbeddingError("an embedding attack takes an EmbeddingTask")
+    return int(task.observed.shape[0])
+
+
 def _execute(attack: EmbeddingAttack, target: Target, task: EmbeddingTask) -> Any:
     if not isinstance(task, EmbeddingTask):
         raise EmbeddingError("an embedding attack takes an EmbeddingTask")
@@ -284,17 +290,20 @@ def run_inversion(
     ids into text for the examples (else they hold the ids' string)."""
     attack = _attack(attack, "inversion")
     examples = whole_option("run_inversion", "examples", examples, 0)
+    truth = np.asarray(torch.as_tensor(truth_ids).cpu())
+    if truth.ndim != 2 or truth.shape[0] != _victims(task):
+        raise EmbeddingError(
+            f"{truth.shape[0] if truth.ndim else 0} true sequences for "
+            f"{_victims(task)} observed embeddings"
+        )
     start = time.perf_counter()
     run = _execute(attack, target, task)
     output = run.output
     if not isinstance(output, InversionOutput):
         raise EmbeddingError(f"{attack.name} returned {type(output).__name__}, not tokens")
-    truth = np.asarray(torch.as_tensor(truth_ids).cpu())
     tokens = np.asarray(torch.as_tensor(output.tokens).cpu())
-    if truth.shape[0] != tokens.shape[0] or truth.shape[0] != task.observed.shape[0]:
-        raise EmbeddingError(
-            f"{truth.shape[0]} true sequences for {task.observed.shape[0]} observed embeddings"
-        )
+    if tokens.ndim != 2 or tokens.shape[0] != truth.shape[0]:
+        raise EmbeddingError(f"{attack.name} returned {tokens.shape} tokens for {truth.shape}")
     recall = token_recall(tokens, truth)
     shown = []
     text = decode or (lambda ids: " ".join(map(str, ids)))
@@ -361,17 +370,19 @@ def run_attribute(
     """Run an attribute attack on `target` and `task`, then score its predictions against the
     victims' true attributes `truth` (m,), seen only now: accuracy beside `majority_share`."""
     attack = _attack(attack, "attribute")
+    true = np.asarray(truth).reshape(-1)
+    if true.shape[0] != _victims(task):
+        raise EmbeddingError(
+            f"{true.shape[0]} true attributes for {_victims(task)} observed embeddings"
+        )
     start = time.perf_counter()
     run = _execute(attack, target, task)
     output = run.output
     if not isinstance(output, AttributeOutput):
         raise EmbeddingError(f"{attack.name} returned {type(output).__name__}, not attributes")
-    true = np.asarray(truth).reshape(-1)
     predictions = np.asarray(output.predictions).reshape(-1)
-    if true.shape != predictions.shape or true.shape[0] != task.observed.shape[0]:
-        raise EmbeddingError(
-            f"{true.shape[0]} true attributes for {task.observed.shape[0]} observed embeddings"
-        )
+    if predictions.shape != true.shape:
+        raise EmbeddingError(f"{attack.name} returned {predictions.shape[0]} predictions")
     return AttributeResult(
         method=attack.name,
         accuracy=float(np.mean(predictions == true)) if true.size else float("nan"),
