@@ -288,8 +288,17 @@ def test_attacks_plot_bars_are_the_measured_values(report: Path) -> None:
     assert [t.get_text() for t in ax.get_xticklabels()] == [
         "DP-SGD, ε=8", "DP-Forward, output, ε=8"
     ]  # fmt: skip
+    assert [t.get_text() for t in ax.texts] == ["0.91", "0.04", "0.11", "0.62", "0.27"]
     chance = [line for line in ax.get_lines() if line.get_label().startswith("attribute chance")]
     assert list(chance[0].get_ydata()) == [0.25, 0.25]
+
+
+def test_attacks_plot_legend_names_only_what_was_measured() -> None:
+    rows = rows_of(("dp-sgd", 8.0, "output", 0.9, None), ("dp-forward", 8.0, "output", 0.0, None))
+    ax = attacks_plot(rows).axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["inversion stopped below 0.2", "inversion recall (nearest neighbour)"]
+    assert [t.get_text() for t in ax.texts] == ["0.90", "0.00"]
 
 
 def test_texts_are_escaped(report: Path) -> None:
