@@ -212,3 +212,11 @@ def test_public_encoder_is_the_tiny_bert_the_run_started_from(folders):
         assert torch.equal(value, theirs[key]), key
     trained = loaded.model.encoder.state_dict()
     assert any(not torch.equal(trained[k], theirs[k]) for k in theirs)
+
+
+def test_relaxation_inversion_runs_through_the_job(folders, tmp_path):
+    clear, _ = folders
+    result = run_embedding_attack(clear, "inversion-opt", victims=2, store=tmp_path / "s")
+    assert tuple(result) == RESULT_KEYS and result["method"] == "inversion-opt"
+    assert result["inversion_recall"] >= 0.8
+    assert len(result["examples"]) == 2
