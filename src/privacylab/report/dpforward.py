@@ -530,11 +530,13 @@ def attacks_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
         values = [r.get(key) for r in shown]
         where = [c + (k - 1) * width for c, v in zip(centres, values, strict=True) if v is not None]
         heights = [v for v in values if v is not None]
+        tops = [max(v, (r.get("attribute_chance") or 0.0) if key == "attribute_accuracy" else v)
+                for r, v in zip(shown, values, strict=True) if v is not None]  # fmt: skip
         if not heights:
             continue
         ax.bar(where, heights, width=width * 0.95, color=line_style(k)[0], label=name)
-        for x, height in zip(where, heights, strict=True):
-            ax.text(x, height + 0.01, f"{height:.2f}", ha="center", va="bottom",
+        for x, height, top in zip(where, heights, tops, strict=True):
+            ax.text(x, top + 0.015, f"{height:.2f}", ha="center", va="bottom",
                     fontsize=FONT_PT - 2)  # fmt: skip
     ticks = [
         (c + width, r["attribute_chance"])
