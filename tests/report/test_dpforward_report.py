@@ -321,6 +321,9 @@ def test_marked_tokens_cases() -> None:
         ("toaster", False), ("!", True),
     ]  # fmt: skip
     assert marked_tokens("ab", "") == []
+    assert marked_tokens("I don't know.", "don't know, dont ...") == [
+        ("don't", True), ("know,", True), ("dont", False), ("...", True)
+    ]  # fmt: skip
 
 
 @given(

@@ -41,6 +41,7 @@ from privacylab.errors import PrivacylabError
 from privacylab.report._format import mappings, number
 from privacylab.report.html import write_report
 from privacylab.report.jsonable import json_ready
+from privacylab.report.language import epsilon_label
 from privacylab.report.plots import FONT_PT, LEGEND_FONT_PT, _to_png, line_style
 
 __all__ = [
@@ -100,10 +101,6 @@ class DPForwardReportError(PrivacylabError, ValueError):
     """A DP-Forward payload that cannot be merged into a report (one line)."""
 
 
-def _epsilon_label(epsilon: float) -> str:
-    return f"{float(f'{epsilon:.2g}'):g}"
-
-
 def _event_name(kind: str) -> str:
     return "".join(part.capitalize() for part in kind.split("_"))
 
@@ -151,7 +148,7 @@ def model_label(row: Mapping[str, Any]) -> str:
         parts.append(str(row["position"]))
     epsilon = number(row.get("epsilon"))
     if epsilon is not None and math.isfinite(epsilon):
-        parts.append(f"ε={_epsilon_label(epsilon)}")
+        parts.append(f"ε={epsilon_label(epsilon)}")
     return ", ".join(parts)
 
 
@@ -249,19 +246,23 @@ def model_rows(block: Mapping[str, Any]) -> list[dict[str, Any]]:
 _WORD = re.compile(r"\w+|[^\w\s]")
 
 
-def _normal(token: str) -> str:
+def _in_truth(token: str, words: set[str]) -> bool:
     bare = token.lower().removeprefix("##")
-    stripped = bare.strip("".join(ch for ch in set(bare) if not ch.isalnum() and ch != "_"))
-    return stripped or bare
+    parts = re.findall(r"\w+", bare)
+    if parts:
+        return all(part in words for part in parts)
+    return bool(bare) and all(ch in words for ch in bare)
 
 
 def marked_tokens(truth: str, recovered: str) -> list[tuple[str, bool]]:
     """The recovered text split on whitespace, each token with whether it occurs in the truth:
-    compared lower-cased, a WordPiece continuation's "##" and surrounding punctuation removed,
-    against the truth's words and punctuation marks (the set-membership that token recall,
-    |set(recovered) ∩ set(truth)| / |set(truth)|, counts; Song & Raghunathan 2020, Sec. 4)."""
+    lower-cased and without a WordPiece continuation's "##", a token is in the truth when each
+    of its words is one of the truth's words (punctuation around or inside it ignored), and a
+    token of punctuation alone when each of its marks occurs in the truth (the set-membership
+    that token recall, |set(recovered) ∩ set(truth)| / |set(truth)|, counts; Song &
+    Raghunathan 2020, "Information Leakage in Embedding Models", Sec. 4)."""
     words = {w for w in _WORD.findall(str(truth).lower())}
-    return [(token, _normal(token) in words) for token in str(recovered).split()]
+    return [(token, _in_truth(token, words)) for token in str(recovered).split()]
 
 
 @dataclass(frozen=True)
@@ -292,8 +293,8 @@ def _accuracy_finding(rows: Sequence[Mapping[str, Any]]) -> list[Finding]:
     sgd = [r for r, _ in _of(rows, "dp-sgd", "accuracy") if r.get("epsilon") is not None]
     gaps = []
     for base in sgd:
-        level = _epsilon_label(base["epsilon"])
-        same = [r for r in forward if _epsilon_label(r["epsilon"]) == level]
+        level = epsilon_label(base["epsilon"])
+        same = [r for r in forward if epsilon_label(r["epsilon"]) == level]
         if same:
             top = max(same, key=lambda r: r["accuracy"])
             gaps.append((level, top, base, 100.0 * (top["accuracy"] - base["accuracy"])))
@@ -311,7 +312,7 @@ def _accuracy_finding(rows: Sequence[Mapping[str, Any]]) -> list[Finding]:
     claim = "the output position is the most accurate place to add the noise"
     levels: dict[str, list[Mapping[str, Any]]] = {}
     for row in forward:
-        levels.setdefault(_epsilon_label(row["epsilon"]), []).append(row)
+        levels.setdefault(epsilon_label(row["epsilon"]), []).append(row)
     compared = {k: v for k, v in levels.items() if len({r.get("position") for r in v}) > 1}
     if not compared:
         out.append(
@@ -492,7 +493,7 @@ def accuracy_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
     ax.set_xscale("log")
     if xs:
         ax.set_xlim(min(xs) / 1.6, max(xs) * 1.6)
-        ax.set_xticks(sorted(set(xs)), [_epsilon_label(x) for x in sorted(set(xs))])
+        ax.set_xticks(sorted(set(xs)), [epsilon_label(x) for x in sorted(set(xs))])
     else:
         ax.set_xlim(0.5, 20.0)
     ax.xaxis.set_minor_formatter(NullFormatter())
