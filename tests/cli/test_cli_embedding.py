@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from privacylab.dpforward import DPForwardConfig, train_dpforward
 
 from _cli import command
+from privacylab.dpforward import DPForwardConfig, train_dpforward
 from privacylab.embedding import RESULT_KEYS
 
 invoke, run_json, fails = command("attack", "embedding")
@@ -69,6 +69,7 @@ def test_bad_input_is_one_line_and_exit_2(folder, tmp_path):
         "--victims must": (*target, "--method", "attribute", "--victims", "0"),
         "--seed must": (*target, "--method", "attribute", "--seed", "-1"),
         "--method": target,
+        "unknown device": (*target, "--method", "attribute", "--device", "nonsense"),
     }
     for message, args in cases.items():
         assert message in fails(*args)

@@ -103,6 +103,7 @@ def attack_embedding_command(
             raise PrivacylabError(f"--victims must be a whole number >= 1, got {victims}")
         if seed < 0:
             raise PrivacylabError(f"--seed must be a whole number >= 0, got {seed}")
+        where = _device(device)
         if out is not None:
             from privacylab.report.dpforward import add_dpforward_run
         with _Stages(_stderr()) as stages:
@@ -113,7 +114,7 @@ def attack_embedding_command(
                 seed=seed,
                 store=store,
                 progress=stages,
-                device=_device(device),
+                device=where,
             )
         if out is not None:
             add_dpforward_run(out, result)
