@@ -243,10 +243,9 @@ def test_section_figures_and_nav(report: Path) -> None:
     for name in (ACCURACY_IMAGE, ATTACKS_IMAGE):
         assert (report / name).read_bytes().startswith(PNG)
         assert f'<img src="{name}"' in html
-    assert results(report)["dpforward"]["images"] == {
-        "accuracy": ACCURACY_IMAGE,
-        "attacks": ATTACKS_IMAGE,
-    }
+    images = results(report)["dpforward"]["images"]
+    assert (images["accuracy"], images["attacks"]) == (ACCURACY_IMAGE, ATTACKS_IMAGE)
+    assert set(images["drawn"]) == {ACCURACY_IMAGE, ATTACKS_IMAGE}
     assert results(report)["title"] == "privacylab report: DP-Forward"
     assert 'id="dp-forward"' not in render_html(report, {"dpforward": {"models": []}})
 
@@ -397,6 +396,20 @@ def test_readding_is_idempotent_and_keeps_other_keys(report: Path, tmp_path: Pat
     again = results(folder)
     assert again["notes"] == ["kept"] and again["language"] == {"exposure": []}
     assert results(folder)["dpforward"]["models"] == results(report)["dpforward"]["models"]
+
+
+def test_a_figure_is_redrawn_only_when_its_values_change(tmp_path: Path) -> None:
+    add_dpforward_run(tmp_path, attack(FORWARD, "inversion-nn", 0.04))
+    accuracy = tmp_path / ACCURACY_IMAGE
+    attacks = tmp_path / ATTACKS_IMAGE
+    stamps = {p: p.stat().st_mtime_ns for p in (accuracy, attacks)}
+    add_dpforward_run(tmp_path, attack(FORWARD, "inversion-nn", 0.3))  # recall changed
+    assert accuracy.stat().st_mtime_ns == stamps[accuracy]
+    assert attacks.stat().st_mtime_ns != stamps[attacks]
+    attacks.unlink()
+    add_dpforward_run(tmp_path, {"facts": {**FORWARD, "accuracy": 0.5}})  # accuracy changed
+    assert accuracy.stat().st_mtime_ns != stamps[accuracy]
+    assert attacks.read_bytes().startswith(PNG)  # a missing file is drawn again
 
 
 def test_same_model_by_relative_path_and_retraining_drops_stale_runs(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import math
 import os
@@ -55,6 +56,7 @@ __all__ = [
     "INVERSION_STOPPED",
     "METHOD_NAMES",
     "MIA_MITIGATED",
+    "PLOTTED",
     "DPForwardReportError",
     "Finding",
     "accuracy_plot",
@@ -575,23 +577,45 @@ def attacks_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
     return fig
 
 
-def dpforward_images(block: Mapping[str, Any]) -> tuple[dict[str, str | None], dict[str, bytes]]:
+PLOTTED = {
+    ACCURACY_IMAGE: ("label", "method", "position", "epsilon", "accuracy"),
+    ATTACKS_IMAGE: ("label", "inversion_nn", "inversion_opt", "attribute_accuracy",
+                    "attribute_chance"),
+}  # fmt: skip
+"""What each figure draws of `model_rows`: a figure whose values did not change is not redrawn."""
+
+
+def _digest(rows: Sequence[Mapping[str, Any]], name: str) -> str:
+    values = [[row.get(k) for k in PLOTTED[name]] for row in rows]
+    return hashlib.sha256(json.dumps(values, default=str).encode("utf-8")).hexdigest()[:20]
+
+
+def dpforward_images(
+    block: Mapping[str, Any], current: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The figures of a ``payload["dpforward"]`` block: ({"accuracy": name|None,
-    "attacks": name|None}, {file name: PNG bytes}); a figure is drawn when some row has what it
-    shows."""
+    "attacks": name|None, "drawn": {name: digest of what it shows}}, {file name: PNG bytes}).
+    A figure is drawn when some row has what it shows, unless `current` (file name -> digest
+    of figures already on disk) says that file already shows exactly these values."""
     rows = model_rows(block)
-    names: dict[str, str | None] = {"accuracy": None, "attacks": None}
+    current = current or {}
+    names: dict[str, Any] = {"accuracy": None, "attacks": None, "drawn": {}}
     files: dict[str, bytes] = {}
-    if any(r["accuracy"] is not None for r in rows):
-        names["accuracy"] = ACCURACY_IMAGE
-        files[ACCURACY_IMAGE] = _to_png(accuracy_plot(rows))
-    if any(
-        r[k] is not None
-        for r in rows
-        for k in ("inversion_nn", "inversion_opt", "attribute_accuracy")
-    ):
-        names["attacks"] = ATTACKS_IMAGE
-        files[ATTACKS_IMAGE] = _to_png(attacks_plot(rows))
+    wanted = {
+        ACCURACY_IMAGE: ("accuracy", any(r["accuracy"] is not None for r in rows), accuracy_plot),
+        ATTACKS_IMAGE: (
+            "attacks",
+            any(r[k] is not None for r in rows for k in PLOTTED[ATTACKS_IMAGE][1:4]),
+            attacks_plot,
+        ),
+    }
+    for name, (key, shown, plot) in wanted.items():
+        if not shown:
+            continue
+        names[key] = name
+        names["drawn"][name] = digest = _digest(rows, name)
+        if current.get(name) != digest:
+            files[name] = _to_png(plot(rows))
     return names, files
 
 
@@ -737,9 +761,10 @@ def add_dpforward_run(out_dir: str | os.PathLike[str], payload: Mapping[str, Any
     ``results["dpforward"]["models"]`` or appended; its facts are replaced by the payload's;
     an attack run replaces the model's run of the same method, and when the facts name a
     different model (`IDENTITY`) than before, the model's older runs are dropped. Examples are
-    cut to `EXAMPLES` of `EXAMPLE_CHARS` characters. Both figures are redrawn. Re-adding the
-    same payload leaves the report as it was. A bad payload raises `DPForwardReportError`
-    (one line) before anything is written.
+    cut to `EXAMPLES` of `EXAMPLE_CHARS` characters. A figure is redrawn only when the values
+    it shows (`PLOTTED`) changed or its file is gone; re-adding the same payload leaves the
+    report as it was. A bad payload raises `DPForwardReportError` (one line) before anything
+    is written.
     """
     if not isinstance(payload, Mapping):
         raise DPForwardReportError(
@@ -767,7 +792,14 @@ def add_dpforward_run(out_dir: str | os.PathLike[str], payload: Mapping[str, Any
             runs[str(run["method"])] = _trim_examples(run)
         model.update(facts=facts, runs={m: runs[m] for m in ATTACK_METHODS if m in runs})
         block["models"] = models
-        names, files = dpforward_images(block)
+        before = block.get("images")
+        drawn = before.get("drawn") if isinstance(before, Mapping) else None
+        current = {
+            str(name): str(digest)
+            for name, digest in (drawn.items() if isinstance(drawn, Mapping) else [])
+            if name in PLOTTED and (base / name).is_file()
+        }
+        names, files = dpforward_images(block, current)
         block["images"] = names
         results["dpforward"] = block
         results.setdefault("title", "privacylab report: DP-Forward")
