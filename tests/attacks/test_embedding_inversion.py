@@ -4,6 +4,9 @@ they never see the victims' tokens, run at logits access, and refuse bad configu
 
 from __future__ import annotations
 
+import re
+from pydoc_data.topics import topics
+
 import pytest
 import torch
 from torch import nn
@@ -157,3 +160,37 @@ def test_expanded_layernorm_cosines_match_tables(setup: tuple) -> None:
             ]
         )
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
+
+
+def _aux_sentences() -> list[str]:
+    text = " ".join(topics.values())
+    found = (x.strip() for x in re.split(r"(?<=[.!?])\s+", text))
+    return [x for x in found if 40 < len(x) < 120 and "\n" not in x][:80]
+
+
+def test_linear_map_from_the_cut_to_input_rows(setup: tuple) -> None:
+    encoder, ids, tokenizer = setup
+    aux = encode_texts(tokenizer, _aux_sentences(), L)
+    attack = make_embedding("inversion-opt", **CHEAP)
+    recalls = {}
+    for noisy in (False, True):
+        target, task = _game(setup, "layer:1", noisy=noisy)
+        task = EmbeddingTask(
+            task.observed,
+            L,
+            encoder,
+            auxiliary_ids=aux,
+            auxiliary_attributes=torch.zeros(80).long().numpy(),
+        )
+        before = target.queries
+        result = run_inversion(attack, target, task, ids)
+        assert result.params["mapped"] and result.queries == 80 == target.queries - before
+        recalls[noisy] = result.recall
+    assert recalls[False] > 0.8 and recalls[True] < 0.1
+    with pytest.raises(EmbeddingError, match="needs auxiliary data"):
+        run_inversion(
+            make_embedding("inversion-opt", linear_map=True),
+            target,
+            EmbeddingTask(task.observed, L, encoder),
+            ids,
+        )

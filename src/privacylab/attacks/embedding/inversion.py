@@ -18,9 +18,13 @@ Du et al. 2023 ("DP-Forward", CCS'23, Sec. 6.3), two attacks with the public enc
   the Gaussian maximum-likelihood objective for a matrix released as C·M/‖M‖_F + Z, whatever C.
   The vocabulary is narrowed per position to candidates screened by nearest neighbours and by
   the first-order (HotFlip-style, Ebrahimi et al. 2018) gain of the objective's gradient, which
-  bounds the work; [PAD], [CLS] and [SEP] are always candidates. Du et al. first map deep
-  embeddings to a lower layer with a linear model fitted on auxiliary data; here the encoder is
-  run to the cut itself (the provider knows f(·)), so no map is fitted.
+  bounds the work; [PAD], [CLS] and [SEP] are always candidates. With auxiliary data and a cut
+  past the input, Du et al.'s first step is taken: a linear least-squares map M from the
+  released embeddings (the attacker queries f(·) for its auxiliary sequences, noise included)
+  to the input rows (which it computes with the public encoder) is fitted, the victims'
+  releases are mapped to input rows, and the relaxation runs at the input, which costs no
+  encoder layers. Without auxiliary data (or with ``linear_map=False``) the encoder is run
+  from the relaxed input to the cut itself (the provider knows f(·)).
 
 Every method returns L tokens per victim (the same guessing budget at every position).
 """
@@ -209,10 +213,15 @@ class OptimisationInversion(EmbeddingAttack):
     per restart, temperature annealed geometrically from `temperature` to `final_temperature`;
     `restarts` random initialisations (the one whose argmax tokens match best is kept per
     victim); `candidates` tokens screened per position (half by nearest neighbours, half by
-    the first-order gain); `chunk` victims optimised together."""
+    the first-order gain); `chunk` victims optimised together. `linear_map`: map deep
+    releases to input rows with a least-squares map fitted on the auxiliary data (None: when
+    the task has auxiliary data and the cut is past the input; True: required); `ridge`: its
+    Tikhonov weight, relative to the mean eigenvalue of the features' Gram matrix."""
 
     kind: ClassVar[str] = "inversion"
-    threat_model: ClassVar[ThreatModel] = ThreatModel(Access.LOGITS, ("public-encoder",))
+    threat_model: ClassVar[ThreatModel] = ThreatModel(
+        Access.LOGITS, ("public-encoder", "auxiliary-data")
+    )
     paper: ClassVar[str] = (
         "Du et al. 2023 (DP-Forward), Sec. 6.3, gradient-based inversion; "
         "Song & Raghunathan 2020, Sec. 4 (continuous relaxation)"
@@ -227,6 +236,8 @@ class OptimisationInversion(EmbeddingAttack):
         temperature: float = 1.0,
         final_temperature: float = 0.05,
         chunk: int = 64,
+        linear_map: bool | None = None,
+        ridge: float = 1e-3,
     ) -> None:
         self.steps = whole_option(self.name, "steps", steps)
         self.lr = number_option(self.name, "lr", lr)
@@ -235,6 +246,10 @@ class OptimisationInversion(EmbeddingAttack):
         self.temperature = number_option(self.name, "temperature", temperature)
         self.final_temperature = number_option(self.name, "final_temperature", final_temperature)
         self.chunk = whole_option(self.name, "chunk", chunk)
+        if linear_map not in (None, True, False):
+            raise EmbeddingError(f"{self.name}: linear_map must be true, false or none")
+        self.linear_map = linear_map
+        self.ridge = number_option(self.name, "ridge", ridge, zero=True)
 
     def options(self) -> dict[str, Any]:
         """The attack's settings (JSON-ready)."""
@@ -245,6 +260,8 @@ class OptimisationInversion(EmbeddingAttack):
             "candidates": self.candidates,
             "temperature": self.temperature,
             "final_temperature": self.final_temperature,
+            "linear_map": self.linear_map,
+            "ridge": self.ridge,
         }
 
     def run(self, target: Target, task: EmbeddingTask) -> InversionOutput:
@@ -253,20 +270,63 @@ class OptimisationInversion(EmbeddingAttack):
         position: Position = target.position  # type: ignore[attr-defined]
         _shape_check(task, position, encoder, self.name)
         device = _device(encoder)
+        observed_all = task.observed
+        mapped = self.linear_map
+        if mapped is None:
+            mapped = task.auxiliary_ids is not None and position.kind != "input"
+        if mapped:
+            if task.auxiliary_ids is None:
+                raise EmbeddingError(f"{self.name}: the linear map needs auxiliary data")
+            observed_all = self._map(target, task, encoder, position)
+            position = Position("input")
         exact = EncoderClassifier(encoder, 2, position=position).to(device).eval()
         generator = torch.Generator(device="cpu").manual_seed(task.seed)
         outs, scores = [], []
-        for i in range(0, task.observed.shape[0], self.chunk):
-            observed = task.observed[i : i + self.chunk].to(device)
+        for i in range(0, observed_all.shape[0], self.chunk):
+            observed = observed_all[i : i + self.chunk].to(device)
             tokens, score = self._invert(encoder, exact, observed, position, task, generator)
             outs.append(tokens.cpu())
             scores.append(score.cpu())
         tokens = torch.cat(outs) if outs else torch.zeros(0, task.length, dtype=torch.int64)
         similarity = float(torch.cat(scores).mean()) if scores else float("nan")
-        return InversionOutput(
-            tokens=tokens,
-            params={**self.options(), "position": str(position), "similarity": similarity},
+        params = {**self.options(), "position": str(target.position)}  # type: ignore[attr-defined]
+        params.update(similarity=similarity, mapped=bool(mapped))
+        return InversionOutput(tokens=tokens, params=params)
+
+    @torch.no_grad()
+    def _map(
+        self, target: Target, task: EmbeddingTask, encoder: nn.Module, position: Position
+    ) -> Tensor:
+        """The victims' releases mapped to input rows (m, L, d) by the least-squares map fitted
+        on the auxiliary sequences' releases (queried) and input rows (public encoder): one
+        d → d map shared by the rows at a row-wise cut, a d → L·d map at the pooled output
+        (Du et al. 2023, Sec. 6.3)."""
+        aux = task.auxiliary_ids
+        assert aux is not None
+        if aux.shape[1] != task.length:
+            raise EmbeddingError(
+                f"{self.name}: auxiliary sequences of {aux.shape[1]} tokens, victims' of "
+                f"{task.length}"
+            )
+        device = _device(encoder)
+        released = target.embeddings(aux).to(device).float()  # type: ignore[attr-defined]
+        rows = EncoderClassifier(encoder, 2, position="input").to(device).eval()
+        clear = torch.cat(
+            [rows.before(aux[i : i + 256].to(device)) for i in range(0, len(aux), 256)]
         )
+        a, r, d = released.shape
+        x = released.reshape(a * r, d) if not position.pooled else released[:, 0]
+        y = clear.reshape(a * r, d) if not position.pooled else clear.reshape(a, -1)
+        x = torch.cat([x, torch.ones(x.shape[0], 1, device=device)], 1).double()
+        gram = x.T @ x
+        weight = self.ridge * float(gram.diagonal().mean())
+        gram = gram + weight * torch.eye(gram.shape[0], device=device, dtype=gram.dtype)
+        solution = torch.linalg.solve(gram, x.T @ y.double()).float()
+        observed = task.observed.to(device)
+        m = observed.shape[0]
+        features = observed.reshape(m * r, d) if not position.pooled else observed[:, 0]
+        features = torch.cat([features, torch.ones(features.shape[0], 1, device=device)], 1)
+        return (features @ solution).reshape(m, task.length, d)
 
     def _screen(
         self, encoder: nn.Module, observed: Tensor, position: Position, length: int
