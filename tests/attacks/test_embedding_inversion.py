@@ -85,6 +85,10 @@ def test_nearest_neighbour(setup: tuple, position: str) -> None:
     assert result.recall == 1.0
     assert result.queries == 0 and target.queries == before and result.access == "logits"
     assert result.examples[0]["truth"] == result.examples[0]["recovered"]
+    content = [set(row.tolist()) - {0, 101, 102} for row in ids]
+    shared = [len(content[i] & content[i - 1]) / len(content[i - 1]) for i in range(len(ids))]
+    assert result.baseline_recall == pytest.approx(sum(shared) / len(shared))
+    assert result.baseline_recall < 0.3
     target, task = _game(setup, position, noisy=True)
     assert run_inversion("inversion-nn", target, task, ids).recall < 0.05
 

@@ -250,10 +250,16 @@ def _execute(attack: EmbeddingAttack, target: Target, task: EmbeddingTask) -> An
 class InversionResult:
     """One inversion attack on m victims: mean token `recall` (NaN-free mean over victims with
     content tokens), `per_sequence` recall, up to `examples` recovered beside true sequences
-    ({"truth", "recovered", "truth_ids", "recovered_ids", "recall"}), `queries`, `seconds`."""
+    ({"truth", "recovered", "truth_ids", "recovered_ids", "recall"}), `queries`, `seconds`.
+
+    `baseline_recall`: the mean recall of each victim's recovered tokens against ANOTHER
+    victim's tokens (the next one, cyclically): what the attack scores without any
+    victim-specific information — frequent words guessed from the public prior or the
+    auxiliary data. Leakage about a victim is `recall` above it."""
 
     method: str
     recall: float
+    baseline_recall: float
     per_sequence: list[float]
     examples: list[dict[str, Any]]
     queries: int
@@ -267,6 +273,7 @@ class InversionResult:
         return {
             "method": self.method,
             "recall": self.recall,
+            "baseline_recall": self.baseline_recall,
             "per_sequence": self.per_sequence,
             "examples": self.examples,
             "queries": self.queries,
@@ -274,6 +281,11 @@ class InversionResult:
             "access": self.access,
             "params": self.params,
         }
+
+
+def _mean(values: np.ndarray) -> float:
+    finite = values[~np.isnan(values)]
+    return float(finite.mean()) if finite.size else float("nan")
 
 
 def run_inversion(
@@ -305,6 +317,7 @@ def run_inversion(
     if tokens.ndim != 2 or tokens.shape[0] != truth.shape[0]:
         raise EmbeddingError(f"{attack.name} returned {tokens.shape} tokens for {truth.shape}")
     recall = token_recall(tokens, truth)
+    others = token_recall(tokens, np.roll(truth, 1, axis=0)) if len(truth) > 1 else recall[:0]
     shown = []
     text = decode or (lambda ids: " ".join(map(str, ids)))
     for i in range(min(examples, len(truth))):
@@ -319,10 +332,10 @@ def run_inversion(
                 "recall": None if np.isnan(recall[i]) else float(recall[i]),
             }
         )
-    finite = recall[~np.isnan(recall)]
     return InversionResult(
         method=attack.name,
-        recall=float(finite.mean()) if finite.size else float("nan"),
+        recall=_mean(recall),
+        baseline_recall=_mean(others),
         per_sequence=[float(r) for r in recall],
         examples=shown,
         queries=run.queries,
