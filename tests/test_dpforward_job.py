@@ -71,7 +71,9 @@ def _config(**options: object) -> DPForwardConfig:
 @pytest.fixture(scope="module")
 def forward(tmp_path_factory: pytest.TempPathFactory) -> tuple[DPForwardConfig, Path, dict]:
     folder = tmp_path_factory.mktemp("dpforward") / "fwd"
-    config = _config(epsilon=4.0, position="layer:1", label_epsilon=2.0, clip=0.5, epochs=2)
+    config = _config(
+        epsilon=4.0, position="layer:1", label_epsilon=2.0, clip=0.5, epochs=2, reduce=8
+    )
     return config, folder, train_dpforward(config, folder)
 
 
@@ -92,7 +94,7 @@ def test_dp_forward_facts_and_privacy(forward: tuple) -> None:
     assert privacy["releases"] == 2 and privacy["notion"] == "SeqLDP"
     assert facts["epsilon"] == privacy["epsilon"] == pytest.approx(4.0, rel=1e-6)
     assert facts["event"] == privacy["event"]
-    event = SelfComposed(MatrixGaussian(privacy["event"]["event"]["noise_multiplier"], 20, 32), 2)
+    event = SelfComposed(MatrixGaussian(privacy["event"]["event"]["noise_multiplier"], 20, 8), 2)
     assert privacy["event"] == event.to_dict()
     assert PldAccountant().compose(event).epsilon(1e-5) == pytest.approx(4.0, rel=1e-6)
     assert privacy["inference_epsilon"] < facts["epsilon"]
@@ -112,6 +114,7 @@ def test_round_trip(forward: tuple) -> None:
     model = loaded.model
     assert not model.training and isinstance(model.release, ForwardNoise)
     assert str(model.position) == "layer:1" and model.release.clip == 0.5
+    assert model.release.down.out_features == 8 and model.release.mechanism.columns == 8
     assert model.release.mechanism.scale == pytest.approx(
         facts["privacy"]["event"]["event"]["noise_multiplier"] * 1.0
     )
@@ -208,6 +211,8 @@ def test_non_private_has_no_epsilon(tmp_path: Path) -> None:
         ({"max_len": 2}, "max_len"),
         ({"layers": 7, "encoder": "minilm"}, "layers must be a whole number in \\[1, 6\\]"),
         ({"documents": 10}, "documents"),
+        ({"method": "dp-sgd", "reduce": 8}, "reduce"),
+        ({"reduce": 0}, "reduce must be a whole number"),
     ],
 )
 def test_bad_options_are_one_line(options: dict, message: str, tmp_path: Path) -> None:

@@ -109,7 +109,8 @@ class DPForwardConfig:
     """How to fine-tune (module docstring). `epsilon` is the target ε of DP-Forward (SeqLDP of
     a training sequence over all epochs) or of DP-SGD (central); ignored (None) for
     non-private. `lr` None: `DEFAULT_LR`, or `DP_SGD_LR` for dp-sgd. `layers` None: the
-    encoder's full depth (MiniLM 6, tiny 2)."""
+    encoder's full depth (MiniLM 6, tiny 2). `reduce` = d′ (dp-forward only): release an
+    r × d′ matrix through the trainable maps M1/M2 of Du et al. 2023, Sec. 3.2 (None: r × d)."""
 
     method: str = "dp-forward"
     epsilon: float | None = 8.0
@@ -126,6 +127,7 @@ class DPForwardConfig:
     documents: int = 2400
     seed: int = 0
     device: str = "cpu"
+    reduce: int | None = None
 
     @property
     def depth(self) -> int:
@@ -159,6 +161,12 @@ class DPForwardConfig:
                 raise DPForwardError(
                     "label epsilon (randomized response of the labels) is for dp-forward; "
                     f"{self.method} does not use it"
+                )
+        if self.reduce is not None:
+            _whole("reduce", self.reduce, 1, 100_000)
+            if self.method != "dp-forward":
+                raise DPForwardError(
+                    f"reduce (the released width d') is for dp-forward, not {self.method}"
                 )
         if self.layers is not None:
             high = MINILM_LAYERS if self.encoder == "minilm" else 48
@@ -237,10 +245,11 @@ def _release(config: DPForwardConfig, dim: int) -> nn.Module | None:
         return None
     assert config.epsilon is not None
     rows = 1 if parse_position(config.position, config.depth).pooled else config.max_len
+    columns = dim if config.reduce is None else config.reduce
     mechanism = forward_mechanism(
-        config.epsilon, config.delta, config.clip, rows, dim, releases=config.epochs
+        config.epsilon, config.delta, config.clip, rows, columns, releases=config.epochs
     )
-    return ForwardNoise(config.clip, mechanism, seed=config.seed)
+    return ForwardNoise(config.clip, mechanism, seed=config.seed, reduce=config.reduce, dim=dim)
 
 
 def _classifier(config: DPForwardConfig, encoder: nn.Module) -> Any:

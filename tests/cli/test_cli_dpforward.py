@@ -71,6 +71,7 @@ def test_json_keys_and_summary(tmp_path: Path) -> None:
         (("--delta", "1.5"), "delta must be in"),
         (("--encoder", "bert-large"), "unknown encoder"),
         (("--device", "tpu"), "device"),
+        (("--method", "dp-sgd", "--reduce", "8"), "reduce"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path: Path, args: tuple[str, ...], message: str) -> None:

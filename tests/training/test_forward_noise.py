@@ -217,3 +217,33 @@ def test_shuffling_reported_where_it_applies() -> None:
     assert many["composed_delta"] == pytest.approx(2 * many["delta"]) and many["rounds"] == 2
     few = forward_privacy(mechanism, clip=1.0, delta=DELTA, releases=2, users=50)
     assert few.shuffled is None
+
+
+def test_dimension_reduction_releases_d_prime_columns() -> None:
+    mechanism = forward_mechanism(8.0, DELTA, 1.0, 3, 4)
+    layer = ForwardNoise(1.0, mechanism, seed=2, reduce=4, dim=10)
+    assert layer.down is not None and layer.up is not None
+    x = torch.randn(400, 3, 10, dtype=torch.float64)
+    layer.double()
+    with torch.no_grad():
+        out = layer(x)
+        clear = layer.normalise(layer.down(x))
+        # what follows the noise is M2 (post-processing): out = M2(normalise(M1 x) + Z), and
+        # M2 (10 x 4) has full column rank, so Z is recovered exactly by least squares
+        shift = (out - layer.up(clear)).reshape(-1, 10).T
+        noise = torch.linalg.lstsq(layer.up.weight, shift).solution
+    assert out.shape == (400, 3, 10)
+    norms = torch.linalg.vector_norm(clear.flatten(1), dim=1)
+    assert torch.allclose(norms, torch.ones_like(norms))
+    assert abs(float(noise.std()) / mechanism.scale - 1) < 5 / math.sqrt(2 * noise.numel())
+    same = ForwardNoise(1.0, forward_mechanism(8.0, DELTA, 1.0, 3, 4), seed=2, reduce=4, dim=10)
+    assert torch.equal(same.down.weight, layer.down.weight)
+    assert torch.equal(same.up.weight, layer.up.weight)
+    other = ForwardNoise(1.0, None, seed=3, reduce=4, dim=10)
+    assert not torch.equal(other.down.weight, layer.down.weight)
+    small = torch.randn(5, 3, 10)
+    assert torch.allclose(other(small), other.up(other.normalise(other.down(small))))
+    with pytest.raises(TrainingError, match="releases 4 columns, not reduce = 5"):
+        ForwardNoise(1.0, forward_mechanism(8.0, DELTA, 1.0, 3, 4), reduce=5, dim=10)
+    with pytest.raises(TrainingError, match="dim must be a whole number"):
+        ForwardNoise(1.0, None, reduce=5)

@@ -123,6 +123,14 @@ def dpforward_train_command(
     ] = 2400,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the data, noise and training.")] = 0,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    reduce: Annotated[
+        int | None,
+        typer.Option(
+            "--reduce",
+            help="dp-forward: release r x D' instead of r x d through trainable maps d -> D' "
+            "-> d (Du et al. 2023, Sec. 3.2, against the curse of dimensionality).",
+        ),
+    ] = None,
     json_output: JsonOpt = False,
 ) -> None:
     """Fine-tune an encoder on the review corpus with DP-Forward (aMGM noise at --position,
@@ -149,6 +157,7 @@ def dpforward_train_command(
             documents=documents,
             seed=seed,
             device=_device(device),
+            reduce=reduce,
         ).validate()
         _writable_folder(out)
         with _Stages(_stderr()) as stages:

@@ -111,13 +111,38 @@ class ForwardNoise(nn.Module):
     the i-th call is drawn from a generator seeded by (`seed`, i), and i is the buffer
     `calls`, saved with the model's weights (and the trainer's checkpoints): a resumed or
     reloaded model continues the same noise stream.
+
+    `reduce` = d′ (with `dim` = d): the optional dimension reduction of Sec. 3.2 against the
+    curse of dimensionality: a trainable linear map M1 (d → d′, user side, before the
+    normalisation) and M2 (d′ → d, provider side, after the noise), both seeded. The released
+    matrix is r × d′ (the mechanism's columns); its sensitivity stays 2C, and M2 is
+    post-processing.
     """
 
     def __init__(
-        self, clip: float, mechanism: MatrixGaussianMechanism | None, *, seed: int = 0
+        self,
+        clip: float,
+        mechanism: MatrixGaussianMechanism | None,
+        *,
+        seed: int = 0,
+        reduce: int | None = None,
+        dim: int | None = None,
     ) -> None:
         super().__init__()
         self.clip = _positive("clip C", clip)
+        self.down: nn.Linear | None = None
+        self.up: nn.Linear | None = None
+        if reduce is not None:
+            for name, value in (("reduce", reduce), ("dim", dim)):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise TrainingError(f"{name} must be a whole number >= 1, got {value!r}")
+            assert dim is not None
+            if mechanism is not None and mechanism.columns != reduce:
+                raise TrainingError(
+                    f"the mechanism releases {mechanism.columns} columns, not reduce = {reduce}"
+                )
+            self.down = _seeded_linear(dim, reduce, seed, 1, bias=False)
+            self.up = _seeded_linear(reduce, dim, seed, 2, bias=True)
         if mechanism is not None and not isinstance(mechanism, MatrixGaussianMechanism):
             raise TrainingError(
                 f"mechanism must be a MatrixGaussianMechanism, got {type(mechanism).__name__}"
@@ -151,14 +176,29 @@ class ForwardNoise(nn.Module):
         return matrix * scale[:, None, None]
 
     def forward(self, matrix: Tensor) -> Tensor:
-        """normalise(`matrix`) plus fresh aMGM noise, one release per sequence."""
-        normalised = self.normalise(matrix)
-        if self.mechanism is None:
-            return normalised
-        call = int(self.calls)
-        self.generator.manual_seed(_call_seed(self.seed, call))
-        self.calls.fill_(call + 1)
-        return self.mechanism.release(normalised)
+        """normalise(`matrix`) plus fresh aMGM noise, one release per sequence (through M1
+        before and M2 after when reducing)."""
+        if self.down is not None:
+            matrix = self.down(matrix)
+        released = self.normalise(matrix)
+        if self.mechanism is not None:
+            call = int(self.calls)
+            self.generator.manual_seed(_call_seed(self.seed, call))
+            self.calls.fill_(call + 1)
+            released = self.mechanism.release(released)
+        return released if self.up is None else self.up(released)
+
+
+def _seeded_linear(inputs: int, outputs: int, seed: int, stream: int, *, bias: bool) -> nn.Linear:
+    """nn.Linear with PyTorch's default uniform(±1/√inputs) initialisation, from (seed, stream)."""
+    layer = nn.Linear(inputs, outputs, bias=bias)
+    generator = torch.Generator().manual_seed(_call_seed(seed, -stream % 2**31))
+    bound = 1.0 / math.sqrt(inputs)
+    with torch.no_grad():
+        layer.weight.uniform_(-bound, bound, generator=generator)
+        if layer.bias is not None:
+            layer.bias.uniform_(-bound, bound, generator=generator)
+    return layer
 
 
 def private_labels(
