@@ -20,8 +20,8 @@ entropy membership attacks on the deployed classifier.
 Models: ``non-private`` and ``dp-sgd`` at each ε of ``--epsilons`` (their cut only decides where
 the attacker reads the clear embedding, so they are trained at each position of
 ``--baseline-positions``, by default every ``--positions``) and ``dp-forward`` at each position
-× ε. A non-private or DP-SGD model's weights do not depend on its cut (no release layer), so its
-accuracy and membership AUC agree across positions; the table shows them per position anyway.
+× ε. A non-private or DP-SGD model computes the same function whatever its cut (no release layer),
+so its accuracy and membership AUC should agree across positions (see the cost note below).
 
 Claims (the seed's abstract and issue 16's "Must show"), each with ✓ / ✗ computed from the rows
 (– when the rows cannot decide it):
@@ -53,8 +53,10 @@ DP-Forward), each 90 steps of the full MiniLM (960 training reviews, batch 32, 3
 1.5-1.9 s a step on one CPU thread, `benchmarks/dpforward.py`) plus the evaluation and three
 attacks with 200 victims: hours on a CPU. ``--baseline-positions input output`` halves the
 baselines (the inversion and attribute claims are then decided at those cuts only).
-The job seeds its trainer with all options, the cut included, so baselines that differ only
-by position are trained on another batch order and their accuracies differ slightly.
+Baselines at different cuts are separate trainings of the same function; they agree exactly
+only where the job is bit-reproducible (when this was written, the MiniLM classifier's head was
+initialised from torch's unseeded global generator, so the quick run's two non-private models
+differ: accuracy 0.62 and 0.65).
 
 Measured with ``--quick`` (2 layers, ε = 8, 30 victims): accuracy non-private 0.62 / 0.65
 (input / output), DP-SGD 0.47, DP-Forward 0.48 / 0.51; inversion recall (nn / opt) at input
