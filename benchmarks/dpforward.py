@@ -558,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick and args.layers is None:
         args.layers = 2
     args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for method in args.methods:
+        if method not in METHODS and not method.startswith("dp-forward-"):
+            parser.error(
+                f"unknown method {method!r}; choose from {', '.join(METHODS)} or dp-forward-layer:K"
+            )
     for name in ("batch", "length", "repeats", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1")
