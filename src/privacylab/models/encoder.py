@@ -84,7 +84,8 @@ class EncoderClassifier(nn.Module):
     linear head over the mean-pooled last layer, cut at `position` (module docstring).
 
     `release`, when given, is applied to f(X) at the cut (the DP-Forward noise layer); the
-    layers after it then ignore the attention mask.
+    layers after it then ignore the attention mask. The head is initialised from `seed` (the
+    global random state is left as it was), so the same seed gives the same model.
     """
 
     def __init__(
@@ -94,6 +95,7 @@ class EncoderClassifier(nn.Module):
         *,
         position: Position | str = "output",
         release: nn.Module | None = None,
+        seed: int = 0,
     ) -> None:
         super().__init__()
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
@@ -103,7 +105,9 @@ class EncoderClassifier(nn.Module):
         self.position = parse_position(position, self.depth)
         self.dim = int(encoder.config.hidden_size)  # type: ignore[union-attr]
         self.num_classes = num_classes
-        self.head = nn.Linear(self.dim, num_classes)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.head = nn.Linear(self.dim, num_classes)
         self.release = release
 
     @property
