@@ -58,12 +58,15 @@ only where the job is bit-reproducible (when this was written, the MiniLM classi
 initialised from torch's unseeded global generator, so the quick run's two non-private models
 differ: accuracy 0.62 and 0.65).
 
-Measured with ``--quick`` (2 layers, ε = 8, 30 victims): accuracy non-private 0.62 / 0.65
-(input / output), DP-SGD 0.47, DP-Forward 0.48 / 0.51; inversion recall (nn / opt) at input
-1.00 / 1.00 under non-private and DP-SGD, 0.01 / 0.01 under DP-Forward; attribute accuracy
-(chance 0.33) 0.70 / 0.83 non-private, 0.70 / 0.80 DP-SGD, 0.27 / 0.37 DP-Forward; claims 1-4 ✓,
-5 ✗ (MIA AUC non-private 0.54 / 0.59, DP-SGD 0.47, DP-Forward 0.44 / 0.64: with 30 members
-and 30 non-members an AUC's standard error is about 0.07, so the quick run cannot decide it).
+Measured with ``--quick`` (2 layers, ε = 8, 120 training reviews, 30 victims), two runs (they
+differ because the head's initialisation was unseeded): accuracy non-private 0.62-0.74, DP-SGD
+0.47-0.50, DP-Forward 0.48-0.51 (12 steps: the private models are near chance); inversion recall
+(nn / opt) at the input cut 1.00 / 1.00 under non-private and DP-SGD, 0.01 / 0.01 under
+DP-Forward; attribute accuracy (chance 0.33) at input / output 0.70 / 0.77-0.83 non-private,
+0.70 / 0.80 DP-SGD, 0.27 / 0.37 DP-Forward. Claims 1, 3 and 4 ✓ in both; 2 (output best) and
+5 (MIA) ✓/✗ vary between the runs: with 30 members and 30 non-members an AUC's standard error is
+about 0.07, and the private models' accuracies differ by a point, so the quick run cannot
+decide them.
 """
 
 from __future__ import annotations
