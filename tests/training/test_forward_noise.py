@@ -24,6 +24,7 @@ from privacylab.training.dpforward import (
     forward_mechanism,
     forward_privacy,
     private_labels,
+    release_accuracy_bound,
 )
 
 DELTA = 1e-5
@@ -247,3 +248,18 @@ def test_dimension_reduction_releases_d_prime_columns() -> None:
         ForwardNoise(1.0, forward_mechanism(8.0, DELTA, 1.0, 3, 4), reduce=5, dim=10)
     with pytest.raises(TrainingError, match="dim must be a whole number"):
         ForwardNoise(1.0, None, reduce=5)
+
+
+def test_release_accuracy_bound_is_attained_by_the_likelihood_ratio_test() -> None:
+    mechanism = forward_mechanism(8.0, DELTA, 1.0, 1, 16, releases=3)
+    bound = release_accuracy_bound(mechanism, 1.0)
+    assert bound == pytest.approx(norm.cdf(1 / (2 * mechanism.noise_multiplier)))
+    # antipodal sequences (‖Δ‖ = 2C) and the optimal test: the sign along Δ
+    layer = ForwardNoise(1.0, mechanism, seed=4)
+    direction = torch.randn(1, 1, 16, dtype=torch.float64)
+    x = torch.cat([direction.expand(10_000, 1, 16), -direction.expand(10_000, 1, 16)])
+    truth = torch.cat([torch.ones(10_000), -torch.ones(10_000)])
+    with torch.no_grad():
+        guess = torch.sign((layer(x) * direction).sum((1, 2)))
+    accuracy = float((guess == truth).double().mean())
+    assert abs(accuracy - bound) < 5 * math.sqrt(bound * (1 - bound) / len(truth))

@@ -58,6 +58,7 @@ __all__ = [
     "forward_mechanism",
     "forward_privacy",
     "private_labels",
+    "release_accuracy_bound",
 ]
 
 ACCOUNTANT = "pld"
@@ -199,6 +200,21 @@ def _seeded_linear(inputs: int, outputs: int, seed: int, stream: int, *, bias: b
         if layer.bias is not None:
             layer.bias.uniform_(-bound, bound, generator=generator)
     return layer
+
+
+def release_accuracy_bound(mechanism: MatrixGaussianMechanism, clip: float) -> float:
+    """The best accuracy any classifier can reach telling two sequences apart from ONE release
+    of `mechanism` on matrices normalised to `clip` = C: Φ(C / σ_min).
+
+    Two released means differ by ‖f(X) − f(X')‖_F ≤ 2C; against Gaussian noise whose least
+    variance is σ_min², the Neyman-Pearson (likelihood-ratio) test between the two shifts errs
+    with probability Φ(−‖Δ‖ / (2σ_min)) (Du et al. 2023's aMGM, Theorem 2; the same Gaussian
+    hypothesis test as Dong, Roth & Su 2022, Sec. 2.3). It caps DP-Forward's binary accuracy
+    under noisy inference, whatever the training: with i.i.d. noise σ_min = scale."""
+    from scipy.stats import norm
+
+    clip = _positive("clip C", clip)
+    return float(norm.cdf(clip / mechanism.scale))
 
 
 def private_labels(
