@@ -220,3 +220,25 @@ def test_relaxation_inversion_runs_through_the_job(folders, tmp_path):
     assert tuple(result) == RESULT_KEYS and result["method"] == "inversion-opt"
     assert result["inversion_recall"] >= 0.8
     assert len(result["examples"]) == 2
+
+
+def test_baseline_read_at_another_cut(folders, tmp_path):
+    """A model without a release layer is read at any cut (one baseline serves every position):
+    its own row per cut, the clear layer-1 rows still inverted; a DP-Forward model is refused
+    elsewhere than its cut, and a bad cut is one line."""
+    clear, noisy = folders
+    store = tmp_path / "cut.sqlite"
+    result = run_embedding_attack(
+        clear, "inversion-nn", victims=VICTIMS, store=store, position="layer:1"
+    )
+    assert result["position"] == "layer:1"
+    assert result["target"]["position"] == "layer:1"
+    assert result["target"]["folder"].endswith("@layer:1")
+    assert result["inversion_recall"] > 0.5
+    assert 0.0 <= result["inversion_baseline_recall"] < result["inversion_recall"]
+    same = run_embedding_attack(clear, "inversion-nn", victims=VICTIMS, store=store)
+    assert same["position"] == "input" and same["target"]["folder"] == str(clear)
+    with pytest.raises(EmbeddingJobError, match="releases only at its cut input"):
+        run_embedding_attack(noisy, "inversion-nn", victims=VICTIMS, position="output")
+    with pytest.raises(EmbeddingJobError, match="out of range"):
+        run_embedding_attack(clear, "inversion-nn", victims=VICTIMS, position="layer:9")

@@ -275,7 +275,11 @@ def _classifier(config: DPForwardConfig, encoder: nn.Module) -> Any:
     dim = int(encoder.config.hidden_size)  # type: ignore[union-attr]
     try:
         return EncoderClassifier(
-            encoder, 2, position=config.position, release=_release(config, dim)
+            encoder,
+            2,
+            position=config.position,
+            release=_release(config, dim),
+            seed=config.seed,
         )
     except ModelError as error:
         raise DPForwardError(str(error)) from None

@@ -73,6 +73,7 @@ RESULT_KEYS = (
     "accountant",
     "position",
     "inversion_recall",
+    "inversion_baseline_recall",
     "attribute_accuracy",
     "attribute_chance",
     "mia_auc",
@@ -220,20 +221,29 @@ def run_embedding_attack(
     store: ResultStore | str | Path | None = None,
     progress: Progress | None = None,
     device: str = "cpu",
+    position: str | None = None,
 ) -> dict[str, Any]:
     """One embedding attack (`method`: inversion-nn, inversion-opt or attribute) and the
     membership attacks on the DP-Forward model folder `folder` (module docstring): the result of
     schemas.md §5 (`RESULT_KEYS`). `victims` test sequences (seeded by `seed`, at most the test
     split) are attacked; membership uses as many members and non-members each. `store`: a
     ResultStore or its file (default FOLDER/embedding.sqlite); a stored run is read back.
-    Bad input is one-line EmbeddingJobError before any model is loaded."""
+    Bad input is one-line EmbeddingJobError before any model is loaded.
+
+    `position` reads a model without a release layer (non-private, DP-SGD) at another cut than
+    the one it was trained with (its function is the same whatever its cut), so one baseline
+    serves every position; the result's facts then name the folder as ``FOLDER@POSITION``, one
+    report row per cut read. A DP-Forward model releases only at its own cut.
+    `inversion_baseline_recall` is the recall of the recovered tokens against another victim's
+    (`run_inversion`): what guessing common words alone scores."""
     name = _method(method)
     victims = _whole("victims", victims, 1)
     seed = _whole("seed", seed, 0)
     path = _folder(folder)
-    key = config_key(
-        {"method": name, "victims": victims, "seed": seed, "model": model_digest(path)}
-    )
+    fields = {"method": name, "victims": victims, "seed": seed, "model": model_digest(path)}
+    if position is not None:
+        fields["position"] = position = _position(path, position)
+    key = config_key(fields)
     opened = not isinstance(store, ResultStore)
     results = ResultStore(path / STORE_FILE if store is None else store) if opened else store
     try:
@@ -242,7 +252,7 @@ def run_embedding_attack(
             if progress is not None:
                 progress(f"embedding {name}: read back", 1, 1)
             return {k: done[k] for k in RESULT_KEYS}
-        result = _run(path, name, victims, seed, device, progress)
+        result = _run(path, name, victims, seed, device, progress, position)
         results.put(NAMESPACE, key, result)
         return result
     finally:
@@ -250,8 +260,38 @@ def run_embedding_attack(
             results.close()
 
 
+def _position(folder: Path, position: object) -> str:
+    """`position` checked against the folder's model: a valid cut of its encoder, and the
+    model's own cut when it is a DP-Forward model (it releases nothing elsewhere)."""
+    from privacylab.dpforward import DPForwardConfig, DPForwardError
+    from privacylab.models.encoder import parse_position
+    from privacylab.models.errors import ModelError
+
+    try:
+        sidecar = json.loads((folder / "model.json").read_text(encoding="utf-8"))
+        config = DPForwardConfig.from_dict(sidecar["config"])
+    except (OSError, ValueError, KeyError, TypeError, DPForwardError) as error:
+        line = (str(error).splitlines() or [type(error).__name__])[0]
+        raise EmbeddingJobError(f"cannot read {folder / 'model.json'}: {line}") from None
+    try:
+        cut = str(parse_position(str(position), config.depth))
+    except ModelError as error:
+        raise EmbeddingJobError(str(error)) from None
+    if config.method == "dp-forward" and cut != str(config.position):
+        raise EmbeddingJobError(
+            f"a DP-Forward model releases only at its cut {config.position}, not {cut}"
+        )
+    return cut
+
+
 def _run(
-    folder: Path, name: str, victims: int, seed: int, device: str, progress: Progress | None
+    folder: Path,
+    name: str,
+    victims: int,
+    seed: int,
+    device: str,
+    progress: Progress | None,
+    position: str | None = None,
 ) -> dict[str, Any]:
     from privacylab.attacks.embedding import (
         EmbeddingTask,
@@ -274,10 +314,13 @@ def _run(
     attack = make_embedding(name)
     loaded = load_dpforward(folder, device=device)
     config, facts, reviews = loaded.config, loaded.facts, loaded.reviews
+    cut = str(config.position) if position is None else position
+    if cut != str(config.position):
+        facts = {**facts, "position": cut, "folder": f"{facts.get('folder', folder)}@{cut}"}
     target = EmbeddingTarget(
         loaded.model,
         "logits",
-        position=str(config.position),
+        position=cut,
         length=config.max_len,
         device=device,
     )
@@ -300,7 +343,7 @@ def _run(
         seed=seed,
     )
     step(f"attack {name}", 2)
-    recall = accuracy = chance = None
+    recall = baseline = accuracy = chance = None
     examples: list[dict[str, str]] = []
     if inversion:
         inverted = run_inversion(
@@ -311,7 +354,7 @@ def _run(
             decode=lambda tokens: _decode(loaded.tokenizer, tokens),
             examples=EXAMPLES,
         )
-        recall, queries = inverted.recall, inverted.queries
+        recall, baseline, queries = inverted.recall, inverted.baseline_recall, inverted.queries
         examples = [{"truth": e["truth"], "recovered": e["recovered"]} for e in inverted.examples]
     else:
         inferred = run_attribute(attack, target, task, np.asarray(test.attributes)[chosen])
@@ -328,8 +371,9 @@ def _run(
             "delta": facts.get("delta"),
             "event": facts.get("event"),
             "accountant": facts.get("accountant"),
-            "position": str(config.position),
+            "position": cut,
             "inversion_recall": recall,
+            "inversion_baseline_recall": baseline,
             "attribute_accuracy": accuracy,
             "attribute_chance": chance,
             "mia_auc": mia_auc,

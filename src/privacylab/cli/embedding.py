@@ -85,6 +85,14 @@ def attack_embedding_command(
         ),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    position: Annotated[
+        str | None,
+        typer.Option(
+            "--position",
+            help="Cut to read a non-private or DP-SGD model at (input, layer:K, output; "
+            "default: its own). A DP-Forward model releases only at its cut.",
+        ),
+    ] = None,
     json_output: JsonOpt = False,
 ) -> None:
     """What do the embeddings users release reveal? Invert them to tokens or infer the
@@ -115,6 +123,7 @@ def attack_embedding_command(
                 store=store,
                 progress=stages,
                 device=where,
+                position=position,
             )
         if out is not None:
             add_dpforward_run(out, result)
