@@ -160,9 +160,13 @@ class _KillInEpoch:
             raise _KilledError
 
 
-@pytest.mark.parametrize("method", ["dp-forward", "dp-sgd"])
+@pytest.mark.parametrize("method", ["dp-forward", "dp-sgd", "frozen"])
 def test_killed_run_resumes_to_the_same_weights(tmp_path: Path, method: str) -> None:
-    config = _config(method=method, epsilon=6.0, position="output", epochs=2, documents=60)
+    frozen = method == "frozen"
+    method = "dp-forward" if frozen else method
+    config = _config(
+        method=method, epsilon=6.0, position="output", epochs=2, documents=60, frozen=frozen
+    )
     whole = train_dpforward(config, tmp_path / "whole")
     with pytest.raises(_KilledError):
         train_dpforward(config, tmp_path / "killed", callbacks=[_KillInEpoch(2)])
@@ -228,3 +232,34 @@ def test_not_a_model_folder(tmp_path: Path) -> None:
     (tmp_path / "model.json").write_text("{not json")
     with pytest.raises(DPForwardError, match="cannot read"):
         forward_facts(tmp_path)
+
+
+def test_frozen_releases_each_sequence_once(tmp_path: Path) -> None:
+    """Du et al. 2023, Sec. 3.3: with f(.) frozen, each training sequence is released once and
+    p(.) trains on those releases every epoch: the event is one aMGM release at the target ε,
+    the noise √epochs smaller than releasing every epoch, f(.) keeps its pretrained weights and
+    p(.) is trained."""
+    options = {"epsilon": 4.0, "position": "layer:1", "epochs": 3, "documents": 60}
+    frozen = train_dpforward(_config(frozen=True, **options), tmp_path / "frozen")
+    every = train_dpforward(_config(**options), tmp_path / "every")
+    assert frozen["privacy"]["releases"] == 1 and every["privacy"]["releases"] == 3
+    assert frozen["epsilon"] == pytest.approx(4.0, rel=1e-6)
+    one = frozen["event"]["event"]["noise_multiplier"]
+    three = every["event"]["event"]["noise_multiplier"]
+    assert three == pytest.approx(math.sqrt(3) * one, rel=1e-9)
+    assert frozen["event"]["count"] == 1
+    trained = load_file(str(tmp_path / "frozen" / "model.safetensors"))
+    reference = _config(**options)
+    from privacylab.models.minilm import tiny_bert
+
+    pretrained = tiny_bert(layers=reference.depth, max_len=reference.max_len, seed=0)
+    for name, value in pretrained.state_dict().items():
+        key = f"encoder.{name}"
+        if key in trained and (".layer.0." in key or "embeddings" in key):
+            assert torch.equal(trained[key], value), key
+    assert not torch.equal(
+        trained["encoder.encoder.layer.1.output.dense.weight"],
+        pretrained.state_dict()["encoder.layer.1.output.dense.weight"],
+    )
+    with pytest.raises(DPForwardError, match=r"frozen .* is for dp-forward"):
+        _config(method="dp-sgd", epsilon=4.0, frozen=True).validate()

@@ -121,7 +121,11 @@ class DPForwardConfig:
     a training sequence over all epochs) or of DP-SGD (central); ignored (None) for
     non-private. `lr` None: `DEFAULT_LR`, or `DP_SGD_LR` for dp-sgd. `layers` None: the
     encoder's full depth (MiniLM 6, tiny 2). `reduce` = d′ (dp-forward only): release an
-    r × d′ matrix through the trainable maps M1/M2 of Du et al. 2023, Sec. 3.2 (None: r × d)."""
+    r × d′ matrix through the trainable maps M1/M2 of Du et al. 2023, Sec. 3.2 (None: r × d).
+    `frozen` (dp-forward only): f(·) stays the pretrained one and each training sequence is
+    released ONCE; the provider trains p(·) for every epoch on those releases (post-processing,
+    Du et al. 2023, Sec. 3.3: "unless f is frozen to re-use f(X) + Z"), so ε is that of one
+    release instead of `epochs` and the noise is √epochs smaller."""
 
     method: str = "dp-forward"
     epsilon: float | None = 8.0
@@ -139,6 +143,13 @@ class DPForwardConfig:
     seed: int = 0
     device: str = "cpu"
     reduce: int | None = None
+    frozen: bool = False
+
+    @property
+    def releases(self) -> int:
+        """How many times DP-Forward releases each training sequence: 1 when `frozen`, else
+        once per epoch."""
+        return 1 if self.frozen else self.epochs
 
     @property
     def depth(self) -> int:
@@ -179,6 +190,12 @@ class DPForwardConfig:
                 raise DPForwardError(
                     f"reduce (the released width d') is for dp-forward, not {self.method}"
                 )
+        if not isinstance(self.frozen, bool):
+            raise DPForwardError(f"frozen must be true or false, got {self.frozen!r}")
+        if self.frozen and self.method != "dp-forward":
+            raise DPForwardError(
+                f"frozen (one release per training sequence) is for dp-forward, not {self.method}"
+            )
         if self.layers is not None:
             high = MINILM_LAYERS if self.encoder == "minilm" else 48
             _whole("layers", self.layers, 1, high)
@@ -258,7 +275,7 @@ def _release(config: DPForwardConfig, dim: int) -> nn.Module | None:
     rows = 1 if parse_position(config.position, config.depth).pooled else config.max_len
     columns = dim if config.reduce is None else config.reduce
     mechanism = forward_mechanism(
-        config.epsilon, config.delta, config.clip, rows, columns, releases=config.epochs
+        config.epsilon, config.delta, config.clip, rows, columns, releases=config.releases
     )
     return ForwardNoise(config.clip, mechanism, seed=config.seed, reduce=config.reduce, dim=dim)
 
@@ -383,6 +400,31 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
     partial.replace(path)
 
 
+class _PostNoise(nn.Module):
+    """p(·) of `model` alone, trained on releases computed once (`DPForwardConfig.frozen`): its
+    input is the released matrix, its output the logits (`EncoderClassifier.after`)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, released: torch.Tensor) -> torch.Tensor:
+        return self.model.after(released)  # type: ignore[operator]
+
+
+@torch.no_grad()
+def _released(model: nn.Module, ids: torch.Tensor, device: str, chunk: int = 128) -> torch.Tensor:
+    """One release f(X) + Z per sequence of `ids` through `model`'s release layer (eval mode,
+    f(·) frozen at its pretrained weights), on the CPU. The noise layer's seeded call counter
+    makes a re-run (a resumed training) draw the same releases."""
+    model.to(device).eval()
+    out = [
+        model.release(model.before(ids[i : i + chunk].to(device))).cpu()  # type: ignore[operator]
+        for i in range(0, len(ids), chunk)
+    ]
+    return torch.cat(out) if out else torch.zeros(0)
+
+
 def _accuracy(model: nn.Module, ids: torch.Tensor, labels: np.ndarray, device: str) -> float:
     """Accuracy of the deployed pipeline (eval mode; noisy for dp-forward)."""
     model.eval()
@@ -482,10 +524,15 @@ def train_dpforward(
     if progress is not None:
         progress(stage, 0.0, float(config.epochs))
     start = time.perf_counter()
+    learner: nn.Module = model
+    if config.frozen:
+        learner = _PostNoise(model)
+        x_train = _released(model, x_train, config.device)
+        x_test = _released(model, x_test, config.device)
     clock.start()
     try:
         result = train(
-            model,
+            learner,
             (x_train, torch.as_tensor(y_train)),
             train_config,
             eval_data=(x_test, torch.as_tensor(non_members.labels)),
@@ -498,11 +545,11 @@ def train_dpforward(
     seconds = time.perf_counter() - start
     if result.stopped:
         raise DPForwardError(f"training stopped ({result.stopped}); re-run to resume")
-    trained = result.model
+    trained = result.model.model if config.frozen else result.model
     last = result.history[-1]
     train_accuracy = last.train_accuracy
     if label_event is not None:
-        train_accuracy = _accuracy(trained, x_train, y_true, config.device)
+        train_accuracy = _accuracy(result.model, x_train, y_true, config.device)
     event = accountant = epsilon = spent = None
     if config.method == "dp-forward":
         mechanism = trained.release.mechanism
@@ -510,7 +557,7 @@ def train_dpforward(
             mechanism,
             clip=config.clip,
             delta=config.delta,
-            releases=config.epochs,
+            releases=config.releases,
             label_event=label_event,
             users=len(members),
         ).to_dict()

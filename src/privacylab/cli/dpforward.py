@@ -131,6 +131,14 @@ def dpforward_train_command(
             "-> d (Du et al. 2023, Sec. 3.2, against the curse of dimensionality).",
         ),
     ] = None,
+    frozen: Annotated[
+        bool,
+        typer.Option(
+            "--frozen",
+            help="dp-forward: keep f(.) pretrained and release each training sequence once; "
+            "p(.) trains every epoch on those releases (ε of one release, Du et al. Sec. 3.3).",
+        ),
+    ] = False,
     json_output: JsonOpt = False,
 ) -> None:
     """Fine-tune an encoder on the review corpus with DP-Forward (aMGM noise at --position,
@@ -158,6 +166,7 @@ def dpforward_train_command(
             seed=seed,
             device=_device(device),
             reduce=reduce,
+            frozen=frozen,
         ).validate()
         _writable_folder(out)
         with _Stages(_stderr()) as stages:
