@@ -104,13 +104,27 @@ class Spec:
     method: str
     position: str
     epsilon: float | None
+    frozen: bool = False
 
     @property
     def name(self) -> str:
         place = self.position.replace(":", "")
+        kind = self.method + ("-frozen" if self.frozen else "")
         if self.epsilon is None:
-            return f"{self.method}-{place}"
-        return f"{self.method}-eps{self.epsilon:g}-{place}"
+            return f"{kind}-{place}"
+        return f"{kind}-eps{self.epsilon:g}-{place}"
+
+    @property
+    def baseline(self) -> bool:
+        """A model without a release layer: trained once, read at every cut."""
+        return self.method != "dp-forward"
+
+    @property
+    def folder_name(self) -> str:
+        """The trained model's folder: one per baseline (whatever cut it is read at)."""
+        if not self.baseline:
+            return self.name
+        return self.method if self.epsilon is None else f"{self.method}-eps{self.epsilon:g}"
 
 
 def specs(args: argparse.Namespace) -> list[Spec]:
@@ -118,8 +132,14 @@ def specs(args: argparse.Namespace) -> list[Spec]:
     position × ε."""
     out = [Spec("non-private", p, None) for p in args.baseline_positions]
     out += [Spec("dp-sgd", p, e) for e in args.epsilons for p in args.baseline_positions]
-    out += [Spec("dp-forward", p, e) for e in args.epsilons for p in args.positions]
-    return out
+    forward = [Spec("dp-forward", p, e) for e in args.epsilons for p in args.positions]
+    frozen = args.frozen_positions
+    forward += [Spec("dp-forward", p, e, True) for e in args.epsilons for p in frozen]
+    # the output cut first and the frozen variant first: the cheapest, most telling rows land
+    # early when a long run is cut short (a re-run resumes the rest)
+    order = {"output": 0, "input": 1}
+    forward.sort(key=lambda s: (order.get(s.position, 2), s.position, not s.frozen))
+    return out + forward
 
 
 def config_of(spec: Spec, args: argparse.Namespace) -> Any:
@@ -130,7 +150,8 @@ def config_of(spec: Spec, args: argparse.Namespace) -> Any:
         method=spec.method,
         epsilon=spec.epsilon,
         delta=args.delta,
-        position=spec.position,
+        position="output" if spec.baseline else spec.position,
+        frozen=spec.frozen,
         epochs=args.epochs,
         layers=args.layers,
         encoder=args.encoder,
@@ -144,7 +165,7 @@ def trained(spec: Spec, args: argparse.Namespace) -> tuple[Path, dict[str, Any]]
     """The model folder of `spec` under --work (trained, resumed, or read back) and its facts."""
     from privacylab.dpforward import train_dpforward
 
-    folder = Path(args.work) / "models" / spec.name
+    folder = Path(args.work) / "models" / spec.folder_name
     started = time.perf_counter()
     if not (folder / "model.json").is_file():
         log(f"training {spec.name} -> {folder}")
@@ -170,6 +191,7 @@ def attacked(folder: Path, spec: Spec, method: str, args: argparse.Namespace) ->
             seed=args.seed,
             progress=stderr_progress(f"{method} {spec.name}"),
             device=args.device,
+            position=spec.position if spec.baseline else None,
         ),
     )
 
@@ -185,6 +207,7 @@ def row_of(spec: Spec, facts: dict[str, Any], runs: dict[str, dict[str, Any]]) -
     return {
         "name": spec.name,
         "method": spec.method,
+        "frozen": spec.frozen,
         "position": spec.position,
         "target_epsilon": spec.epsilon,
         "epsilon": facts.get("epsilon"),
@@ -195,6 +218,7 @@ def row_of(spec: Spec, facts: dict[str, Any], runs: dict[str, dict[str, Any]]) -
         "train_accuracy": facts.get("train_accuracy"),
         "inversion_nn": _get(runs.get("inversion-nn"), "inversion_recall"),
         "inversion_opt": _get(runs.get("inversion-opt"), "inversion_recall"),
+        "inversion_opt_baseline": _get(runs.get("inversion-opt"), "inversion_baseline_recall"),
         "attribute_accuracy": _get(attribute, "attribute_accuracy"),
         "attribute_chance": _get(attribute, "attribute_chance"),
         "mia_auc": mia,
@@ -433,6 +457,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "delta": args.delta,
             "positions": args.positions,
             "baseline_positions": args.baseline_positions,
+            "frozen_positions": args.frozen_positions,
             "documents": args.documents,
             "layers": args.layers,
             "encoder": args.encoder,
@@ -452,7 +477,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def show(payload: dict[str, Any]) -> None:
     rows = [
         [
-            r["method"],
+            r["method"] + (" (frozen f)" if r.get("frozen") else ""),
             r["position"],
             fmt(_num(r["epsilon"]), ".2f") if r["epsilon"] is not None else "∞",
             r["accountant"] or "-",
@@ -496,6 +521,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epsilons", type=float, nargs="+", default=None)
     parser.add_argument("--positions", nargs="+", default=None)
     parser.add_argument("--baseline-positions", nargs="+", default=None)
+    parser.add_argument(
+        "--frozen-positions",
+        nargs="*",
+        default=None,
+        help="DP-Forward with f(.) frozen and one release per training sequence (--frozen)",
+    )
     parser.add_argument("--moderate", type=float, default=8.0, help="smallest moderate ε")
     parser.add_argument("--delta", type=float, default=1e-5)
     parser.add_argument("--documents", type=int, default=None)
@@ -515,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         ["input", "output"] if quick else ["input", "layer:2", "layer:4", "output"]
     )
     args.baseline_positions = args.baseline_positions or list(args.positions)
+    if args.frozen_positions is None:
+        args.frozen_positions = ["output"] if quick else ["input", "output"]
     args.documents = args.documents or (300 if quick else 2400)
     if quick and args.layers is None:
         args.layers = 2
