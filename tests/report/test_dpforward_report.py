@@ -488,3 +488,58 @@ def test_dpforward_page_renders_in_chromium(
     assert len(probe["images"]) == 2
     for image in probe["images"]:
         assert image["loaded"] and image["width"] > 0 and image["alt"], image
+
+
+def test_baseline_read_at_other_cuts_and_guessing_recall(tmp_path: Path) -> None:
+    """`run_embedding_attack(position=...)` reads one non-private model at another cut as
+    FOLDER@POSITION: each cut is its own row labelled with that cut, the model's accuracy is
+    drawn and compared once, and every inversion recall shows the guessing recall beside it."""
+
+    def guessed(target: dict[str, Any], method: str, recall: float, guess: float) -> dict:
+        return {**attack(target, method, recall), "inversion_baseline_recall": guess}
+
+    sgd = facts("/models/sgd8", "dp-sgd", 8.0, accuracy=0.781)
+    at_input = {**PLAIN, "position": "input", "folder": "/models/plain@input"}
+    sgd_input = {**sgd, "position": "input", "folder": "/models/sgd8@input"}
+    add_dpforward_run(tmp_path, {"facts": PLAIN})
+    add_dpforward_run(tmp_path, guessed(PLAIN, "inversion-nn", 0.42, 0.21))
+    add_dpforward_run(tmp_path, guessed(at_input, "inversion-nn", 0.97, 0.23))
+    add_dpforward_run(tmp_path, {"facts": sgd})
+    add_dpforward_run(tmp_path, guessed(sgd_input, "inversion-opt", 0.88, 0.2))
+    add_dpforward_run(tmp_path, guessed(FORWARD, "inversion-nn", 0.19, 0.18))
+    block = results(tmp_path)["dpforward"]
+    rows = model_rows(block)
+    assert [r["label"] for r in rows] == [
+        "non-private, read at output", "non-private, read at input",
+        "DP-SGD, read at output, ε=8", "DP-SGD, read at input, ε=8", "DP-Forward, output, ε=8",
+    ]  # fmt: skip
+    assert rows[1]["inversion_nn_baseline"] == 0.23 and rows[3]["inversion_opt_baseline"] == 0.2
+    html = section(tmp_path)
+    table = {r[0]: r for r in table_rows(html, "dpforward-models")}
+    assert table["plain@input"][2] == "input" and table["plain"][2] == "output"
+    assert table["plain@input"][8] == "0.970 (0.230)"
+    assert table["sgd8@input"][8:10] == ["—", "0.880 (0.200)"]
+    assert table["fwd-out-8"][2] == "output" and table["fwd-out-8"][8] == "0.190 (0.180)"
+    assert "non-private, read at input: inversion-nn (recall 0.970, guessing 0.230)" in html
+    assert "inversion NN (guess)" in html
+    inversion = findings(rows)[2]
+    assert "guessing common words (another victim's tokens) 0.18–0.23" in inversion.ours
+    assert "guessing common words" in verdict(rows)
+
+    accuracy, _ = findings(rows)[:2]
+    assert accuracy.ours.count("ε=8") == 1  # the DP-SGD model compared once, not per cut
+    ax = accuracy_plot(rows).axes[0]
+    assert [line.get_label() for line in ax.get_lines()].count("non-private (0.912)") == 1
+    ax = attacks_plot(rows).axes[0]
+    ticks = [
+        line.get_ydata()[0]
+        for line in ax.get_lines()
+        if line.get_color() == "#7f7f7f" and len(line.get_xdata()) == 2
+    ]
+    assert sorted(ticks) == [0.18, 0.2, 0.21, 0.23]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend.count("inversion by guessing (recall against another victim's tokens)") == 1
+
+    bad = guessed(FORWARD, "inversion-nn", 0.2, 1.5)
+    with pytest.raises(DPForwardReportError, match="inversion_baseline_recall"):
+        add_dpforward_run(tmp_path / "bad", bad)

@@ -62,6 +62,7 @@ __all__ = [
     "accuracy_plot",
     "add_dpforward_run",
     "attacks_plot",
+    "distinct_models",
     "dpforward_images",
     "event_summary",
     "findings",
@@ -143,11 +144,15 @@ def event_summary(event: Any) -> str:
 
 
 def model_label(row: Mapping[str, Any]) -> str:
-    """A model row's short label: "DP-Forward, output, ε=8", "DP-SGD, ε=3", "non-private"."""
+    """A model row's short label: "DP-Forward, output, ε=8", "DP-SGD, ε=3", "non-private";
+    a non-private or DP-SGD model read at several cuts (`read_at`) names the cut of its row:
+    "non-private, read at layer:2"."""
     method = str(row.get("method") or "model")
     parts = [METHOD_NAMES.get(method, method)]
     if method == "dp-forward" and row.get("position"):
         parts.append(str(row["position"]))
+    elif row.get("read_at"):
+        parts.append(f"read at {row['read_at']}")
     epsilon = number(row.get("epsilon"))
     if epsilon is not None and math.isfinite(epsilon):
         parts.append(f"ε={epsilon_label(epsilon)}")
@@ -161,6 +166,30 @@ def _labels(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         if plain.count(label) > 1:
             label = f"{label} ({Path(str(row.get('folder'))).name or row.get('folder')})"
         out.append(label)
+    return out
+
+
+def _cut_of(row: Mapping[str, Any]) -> tuple[str, str | None]:
+    """(the model's folder, the cut) of a row that reads a non-private or DP-SGD model at
+    another cut than its own (`privacylab.embedding.run_embedding_attack(position=...)` names it
+    ``FOLDER@POSITION``); (folder, None) for any other row."""
+    folder, position = str(row.get("folder")), row.get("position")
+    suffix = f"@{position}"
+    if row.get("method") != "dp-forward" and position and folder.endswith(suffix):
+        return folder[: -len(suffix)], str(position)
+    return folder, None
+
+
+def distinct_models(rows: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One row per trained model: a model read at several cuts keeps its first row (its
+    accuracy, ε and step time are the same at every cut)."""
+    seen: set[str] = set()
+    out = []
+    for row in rows:
+        model = _cut_of(row)[0]
+        if model not in seen:
+            seen.add(model)
+            out.append(row)
     return out
 
 
@@ -194,7 +223,11 @@ def model_rows(block: Mapping[str, Any]) -> list[dict[str, Any]]:
     and what each attack found (inversion recall of "inversion-nn" and "inversion-opt",
     attribute accuracy and its chance level, the largest membership AUC of its runs and that
     run's per-attack metrics `mia`), plus `label` (`model_label`, made unique by the folder
-    name) and `examples` ({method: [{"truth", "recovered"}, ...]})."""
+    name) and `examples` ({method: [{"truth", "recovered"}, ...]}). `inversion_nn_baseline`
+    and `inversion_opt_baseline` are each inversion's recall against another victim's tokens
+    (what guessing common words scores, `privacylab.attacks.embedding.run_inversion`).
+    `read_at` is the cut of a non-private or DP-SGD model read at several cuts (its rows
+    ``FOLDER@POSITION`` and FOLDER at its own cut), else None."""
     rows = []
     for model in mappings(block.get("models")):
         facts = model.get("facts")
@@ -228,6 +261,8 @@ def model_rows(block: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "seconds_per_step": number(facts.get("seconds_per_step")),
                 "inversion_nn": number(nn.get("inversion_recall")),
                 "inversion_opt": number(opt.get("inversion_recall")),
+                "inversion_nn_baseline": number(nn.get("inversion_baseline_recall")),
+                "inversion_opt_baseline": number(opt.get("inversion_baseline_recall")),
                 "attribute_accuracy": number(attribute.get("attribute_accuracy")),
                 "attribute_chance": number(attribute.get("attribute_chance")),
                 "mia_auc": _best([r.get("mia_auc") for r in runs.values()]),
@@ -239,6 +274,10 @@ def model_rows(block: Mapping[str, Any]) -> list[dict[str, Any]]:
                 },
             }
         )
+    reread = {model for model, cut in map(_cut_of, rows) if cut}
+    for row in rows:
+        shared = row.get("method") != "dp-forward" and _cut_of(row)[0] in reread
+        row["read_at"] = str(row["position"]) if shared and row.get("position") else None
     for row, label in zip(rows, _labels(rows), strict=True):
         row["label"] = label
         row["inversion"] = _best([row["inversion_nn"], row["inversion_opt"]])
@@ -291,6 +330,7 @@ def _three(all_ok: bool, some_ok: bool) -> str:
 
 
 def _accuracy_finding(rows: Sequence[Mapping[str, Any]]) -> list[Finding]:
+    rows = distinct_models(rows)
     forward = [r for r, _ in _of(rows, "dp-forward", "accuracy") if r.get("epsilon") is not None]
     sgd = [r for r, _ in _of(rows, "dp-sgd", "accuracy") if r.get("epsilon") is not None]
     gaps = []
@@ -355,6 +395,14 @@ def _attack_finding(rows: Sequence[Mapping[str, Any]], what: str) -> Finding:
         for name, group in (("DP-Forward", forward), ("DP-SGD", sgd), ("non-private", plain))
         if group
     ]
+    guesses = [
+        x
+        for r in rows
+        for k in ("inversion_nn_baseline", "inversion_opt_baseline")
+        if what == "inversion" and (x := r.get(k)) is not None
+    ]
+    if guesses:
+        parts.append(f"guessing common words (another victim's tokens) {_range(guesses)}")
     forward_ok = [stopped(r) for r in forward]
     sgd_leaks = not any(stopped(r) for r in sgd)
     return Finding(
@@ -380,6 +428,7 @@ def _mia_finding(rows: Sequence[Mapping[str, Any]]) -> Finding:
 
 def _cost_finding(rows: Sequence[Mapping[str, Any]]) -> Finding:
     claim = "a DP-Forward step costs about 3× less time than a DP-SGD step"
+    rows = distinct_models(rows)
     forward = [v for _, v in _of(rows, "dp-forward", "seconds_per_step")]
     sgd = [v for _, v in _of(rows, "dp-sgd", "seconds_per_step")]
     if not forward or not sgd or min(forward) <= 0:
@@ -452,6 +501,7 @@ def accuracy_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
     def usable(r: Mapping[str, Any]) -> bool:
         return r.get("accuracy") is not None and (r.get("epsilon") or 0.0) > 0
 
+    rows = distinct_models(rows)
     forward = [r for r in rows if r.get("method") == "dp-forward" and usable(r)]
     positions = sorted({str(r.get("position")) for r in forward}, key=_position_order)
     xs: list[float] = []
@@ -509,8 +559,16 @@ def accuracy_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
     return fig
 
 
+_TICKS = (
+    ("#7f7f7f", "inversion by guessing (recall against another victim's tokens)"),
+    ("#000000", "attribute chance (majority share)"),
+)
+"""(colour, legend) of the level each attack bar is read against: inversion, attribute."""
+
+
 def attacks_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
-    """Per model, bars of inversion token recall (nearest neighbour, optimisation) and
+    """Per model, bars of inversion token recall (nearest neighbour, optimisation), each with
+    the recall of guessing (recovered tokens against another victim's) as a grey tick, and
     attribute accuracy with its chance level as a black tick; the dashed line is
     `INVERSION_STOPPED` (Du et al. 2023, Sec. 6, Tables 6-7 as bars)."""
     shown = [
@@ -529,11 +587,16 @@ def attacks_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
         ("attribute_accuracy", "attribute accuracy"),
     )
     centres = np.arange(len(shown), dtype=float)
+    floor = {
+        "inversion_nn": "inversion_nn_baseline",
+        "inversion_opt": "inversion_opt_baseline",
+        "attribute_accuracy": "attribute_chance",
+    }
     for k, (key, name) in enumerate(bars):
         values = [r.get(key) for r in shown]
         where = [c + (k - 1) * width for c, v in zip(centres, values, strict=True) if v is not None]
         heights = [v for v in values if v is not None]
-        tops = [max(v, (r.get("attribute_chance") or 0.0) if key == "attribute_accuracy" else v)
+        tops = [max(v, r.get(floor[key]) or 0.0)
                 for r, v in zip(shown, values, strict=True) if v is not None]  # fmt: skip
         if not heights:
             continue
@@ -541,19 +604,23 @@ def attacks_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
         for x, height, top in zip(where, heights, tops, strict=True):
             ax.text(x, top + 0.015, f"{height:.2f}", ha="center", va="bottom",
                     fontsize=FONT_PT - 2)  # fmt: skip
-    ticks = [
-        (c + width, r["attribute_chance"])
-        for c, r in zip(centres, shown, strict=True)
-        if r.get("attribute_accuracy") is not None and r.get("attribute_chance") is not None
-    ]
-    for j, (x, chance) in enumerate(ticks):
-        ax.plot(
-            [x - width / 2, x + width / 2],
-            [chance, chance],
-            color="#000000",
-            linewidth=2.2,
-            label="attribute chance (majority share)" if j == 0 else None,
-        )
+    labelled: set[str] = set()
+    for k, (key, _) in enumerate(bars):
+        ticks = [
+            (c + (k - 1) * width, r[floor[key]])
+            for c, r in zip(centres, shown, strict=True)
+            if r.get(key) is not None and r.get(floor[key]) is not None
+        ]
+        tick = _TICKS[key == "attribute_accuracy"]
+        for x, level in ticks:
+            ax.plot(
+                [x - width / 2, x + width / 2],
+                [level, level],
+                color=tick[0],
+                linewidth=2.2,
+                label=None if tick[1] in labelled else tick[1],
+            )
+            labelled.add(tick[1])
     ax.axhline(
         INVERSION_STOPPED,
         color="#555555",
@@ -580,7 +647,7 @@ def attacks_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
 PLOTTED = {
     ACCURACY_IMAGE: ("label", "method", "position", "epsilon", "accuracy"),
     ATTACKS_IMAGE: ("label", "inversion_nn", "inversion_opt", "attribute_accuracy",
-                    "attribute_chance"),
+                    "attribute_chance", "inversion_nn_baseline", "inversion_opt_baseline"),
 }  # fmt: skip
 """What each figure draws of `model_rows`: a figure whose values did not change is not redrawn."""
 
@@ -635,6 +702,7 @@ _UNIT = (
     "accuracy",
     "train_accuracy",
     "inversion_recall",
+    "inversion_baseline_recall",
     "attribute_accuracy",
     "attribute_chance",
     "mia_auc",

@@ -46,7 +46,12 @@ __all__ = ["FINDING_COLUMNS", "MODEL_COLUMNS", "DPForwardSection", "examples_htm
 MODEL_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("model", "model folder", "the fine-tuned model's folder (hover: its full path)"),
     ("method", "method", "DP-Forward (noise in the forward pass), DP-SGD or non-private"),
-    ("position", "position", "where DP-Forward normalises and perturbs the embedding matrix"),
+    (
+        "position",
+        "position",
+        "where DP-Forward normalises and perturbs the embedding matrix; for a non-private or "
+        "DP-SGD model read at several cuts, the cut whose clear embeddings this row attacked",
+    ),
     ("epsilon", "ε", "sequence-level ε over all training epochs (∞: no privacy)"),
     ("delta", "δ", "the δ of that ε"),
     ("event", "event", "the privacy event the accountant bounded (σ/Δ: noise per sensitivity)"),
@@ -56,8 +61,18 @@ MODEL_COLUMNS: tuple[tuple[str, str, str], ...] = (
         "accuracy",
         "test accuracy of the deployed pipeline (noisy inference for DP-Forward)",
     ),
-    ("inversion_nn", "inversion (NN)", "token recall of nearest-neighbour inversion"),
-    ("inversion_opt", "inversion (opt)", "token recall of optimisation-based inversion"),
+    (
+        "inversion_nn",
+        "inversion NN (guess)",
+        "token recall of nearest-neighbour inversion; in brackets the same recovered tokens "
+        "scored against another victim's: what guessing common words alone scores",
+    ),
+    (
+        "inversion_opt",
+        "inversion opt (guess)",
+        "token recall of optimisation-based inversion; in brackets the same recovered tokens "
+        "scored against another victim's: what guessing common words alone scores",
+    ),
     (
         "attribute",
         "attribute (chance)",
@@ -81,7 +96,9 @@ GUIDE = (
     "in training and at inference, so the released embedding is sequence-level local DP "
     "(replace-one sensitivity 2C). DP-SGD noises only the training gradients: the embeddings "
     "it releases at inference are clear. The attacker sees the released embeddings: "
-    "inversion recovers the sequence's tokens (recall = share of the true tokens found), "
+    "inversion recovers the sequence's tokens (recall = share of the true tokens found; in "
+    "brackets the recall of the same tokens against another victim's, what guessing common "
+    "words alone scores, so only recall above it is learnt from the embedding), "
     "attribute inference guesses the review's category with a classifier trained on "
     f"auxiliary data. Inversion counts as stopped below recall {INVERSION_STOPPED:g}, "
     f"attribute inference within {ATTRIBUTE_MARGIN:g} of chance."
@@ -121,6 +138,12 @@ def _mia_title(row: Mapping[str, Any]) -> str:
     )
 
 
+def _recall_cell(recall: Any, guess: Any) -> str:
+    if recall is None or guess is None:
+        return num_cell(recall)
+    return num_cell(recall, f"{fmt(recall)} ({fmt(guess)})")
+
+
 def model_table(rows: list[dict[str, Any]]) -> str:
     """The model table: one sortable row per model folder (`model_rows`), "—" where a model
     has no run of that kind."""
@@ -132,7 +155,7 @@ def model_table(rows: list[dict[str, Any]]) -> str:
         cells = [
             text_cell(Path(row["folder"]).name or row["folder"], title=row["folder"]),
             text_cell(METHOD_NAMES.get(method, method)),
-            text_cell(row.get("position") if method == "dp-forward" else None),
+            text_cell(row.get("position") if method == "dp-forward" else row.get("read_at")),
             _epsilon_cell(row),
             num_cell(
                 row.get("delta"), MISSING if row.get("delta") is None else f"{row['delta']:.0e}"
@@ -140,8 +163,8 @@ def model_table(rows: list[dict[str, Any]]) -> str:
             text_cell(event_summary(row.get("event")) if row.get("event") else None),
             text_cell(row.get("accountant")),
             num_cell(row.get("accuracy")),
-            num_cell(row.get("inversion_nn")),
-            num_cell(row.get("inversion_opt")),
+            _recall_cell(row.get("inversion_nn"), row.get("inversion_nn_baseline")),
+            _recall_cell(row.get("inversion_opt"), row.get("inversion_opt_baseline")),
             num_cell(
                 attribute, MISSING if attribute is None else f"{fmt(attribute)} ({fmt(chance)})"
             ),
@@ -191,7 +214,9 @@ def examples_html(rows: list[dict[str, Any]]) -> str:
         for method, examples in row["examples"].items():
             if not examples:
                 continue
-            recall = row.get("inversion_nn" if method == "inversion-nn" else "inversion_opt")
+            key = "inversion_nn" if method == "inversion-nn" else "inversion_opt"
+            recall, guess = row.get(key), row.get(f"{key}_baseline")
+            guessed = "" if guess is None else f", guessing {fmt(guess)}"
             lines = [
                 "<tr>"
                 f'<td class="text">{e(ex.get("truth") or "")}</td>'
@@ -201,7 +226,8 @@ def examples_html(rows: list[dict[str, Any]]) -> str:
             ]
             parts.append(
                 f"<details{' open' if not parts else ''}>"
-                f"<summary>{e(row['label'])}: {e(method)} (recall {fmt(recall)})</summary>\n"
+                f"<summary>{e(row['label'])}: {e(method)} (recall {fmt(recall)}"
+                f"{e(guessed)})</summary>\n"
                 '<table class="dpforward-examples">\n<thead><tr>'
                 '<th class="text" scope="col">true text</th>'
                 '<th class="text" scope="col">recovered (marked: in the true text)</th>'
