@@ -242,3 +242,24 @@ def test_baseline_read_at_another_cut(folders, tmp_path):
         run_embedding_attack(noisy, "inversion-nn", victims=VICTIMS, position="output")
     with pytest.raises(EmbeddingJobError, match="out of range"):
         run_embedding_attack(clear, "inversion-nn", victims=VICTIMS, position="layer:9")
+
+
+def test_a_result_stored_by_an_older_job_is_computed_again(folders, tmp_path, monkeypatch):
+    """A run stored before `inversion_baseline_recall` joined `RESULT_KEYS` (under the old key:
+    method, victims, seed, model) is not read back as a result missing a key: the run is
+    computed again."""
+    from privacylab.execution.store import config_key
+
+    clear, _ = folders
+    store = tmp_path / "old.sqlite"
+    fields = {"method": "inversion-nn", "victims": 3, "seed": 0, "model": model_digest(clear)}
+    older = {k: None for k in RESULT_KEYS if k != "inversion_baseline_recall"}
+    with ResultStore(store) as results:
+        results.put(NAMESPACE, config_key(fields), older)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(dpforward_job, "load_dpforward", refuse)
+    with pytest.raises(AssertionError, match="loaded"):
+        run_embedding_attack(clear, "inversion-nn", victims=3, store=store)

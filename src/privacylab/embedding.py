@@ -25,8 +25,9 @@ otherwise), draws `victims` test sequences (seeded), obtains their released embe
 the target (counted as queries), gives the attack only the side information it declares, and
 returns `schemas.md` §5's result. The truth (victims' tokens, attributes, membership) is
 attached only after the attack has answered. With a `ResultStore` (default
-FOLDER/embedding.sqlite) the result is stored under (method, victims, seed, model digest) and a
-re-run reads it back.
+FOLDER/embedding.sqlite) the result is stored under (method, victims, seed, model digest, cut
+when given, `RESULT_KEYS`) and a re-run reads it back; a result stored with other keys (an
+older version of this job) is computed again.
 """
 
 from __future__ import annotations
@@ -240,7 +241,13 @@ def run_embedding_attack(
     victims = _whole("victims", victims, 1)
     seed = _whole("seed", seed, 0)
     path = _folder(folder)
-    fields = {"method": name, "victims": victims, "seed": seed, "model": model_digest(path)}
+    fields: dict[str, Any] = {
+        "method": name,
+        "victims": victims,
+        "seed": seed,
+        "model": model_digest(path),
+        "keys": list(RESULT_KEYS),
+    }
     if position is not None:
         fields["position"] = position = _position(path, position)
     key = config_key(fields)

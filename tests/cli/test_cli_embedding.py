@@ -42,7 +42,12 @@ def test_json_run_has_the_schema_keys_and_is_read_back(folder, tmp_path):
     assert result["target"]["method"] == "non-private"
     assert 0.0 <= result["inversion_recall"] <= 1.0
     assert set(result["mia"]) == {"confidence", "entropy"}
+    assert 0.0 <= result["inversion_baseline_recall"] <= 1.0
     assert run_json(*args, "--store", store) == result
+    shown = invoke(*args, "--store", store)
+    assert shown.exit_code == 0, shown.stderr
+    assert "guessing recall" in shown.stdout
+    assert f"{result['inversion_baseline_recall']:.4g}" in shown.stdout
 
 
 def test_out_adds_the_run_to_the_dp_forward_report(folder, tmp_path):

@@ -4,7 +4,8 @@ sequence-level membership inference against a model folder of `privacylab dpforw
 
 The run is stored in a result store (`--store`, default TARGET/embedding.sqlite) and a re-run
 reads it back. `--json` prints schemas.md §5's result (method, target facts, accuracy, ε with
-its event and accountant, position, inversion recall, attribute accuracy and chance, MIA AUC and
+its event and accountant, position, inversion recall beside the recall of guessing (the
+recovered tokens against another victim's), attribute accuracy and chance, MIA AUC and
 per-attack metrics, inversion examples, queries, seconds). With `--out`, the run joins the
 report's "#dp-forward" section (`privacylab.report.dpforward.add_dpforward_run`).
 """
@@ -35,6 +36,7 @@ SUMMARY = (
     ("epsilon", "ε"),
     ("accuracy", "accuracy"),
     ("inversion_recall", "inversion recall"),
+    ("inversion_baseline_recall", "guessing recall"),
     ("attribute_accuracy", "attribute acc."),
     ("attribute_chance", "chance"),
     ("mia_auc", "MIA AUC"),
