@@ -205,7 +205,9 @@ def test_bad_input_is_one_line_before_any_model_is_loaded(folders, tmp_path, mon
 def test_public_encoder_is_the_tiny_bert_the_run_started_from(folders):
     clear, _ = folders
     loaded = load_dpforward(clear)
+    state = torch.get_rng_state()
     public = public_encoder(loaded)
+    assert torch.equal(torch.get_rng_state(), state)  # seeded without touching torch's own
     start = tiny_bert(layers=2, max_len=COMMON["max_len"], seed=COMMON["seed"])
     theirs = start.state_dict()
     for key, value in public.state_dict().items():

@@ -164,8 +164,9 @@ def public_encoder(loaded: Any, *, device: str = "cpu") -> nn.Module:
     else:
         from privacylab.models.minilm import encoder_config, encoder_from_config
 
-        torch.manual_seed(config.seed)
-        encoder = encoder_from_config(encoder_config(loaded.model.encoder))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(config.seed)
+            encoder = encoder_from_config(encoder_config(loaded.model.encoder))
     return encoder.to(device).eval()
 
 

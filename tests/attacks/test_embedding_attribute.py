@@ -85,7 +85,9 @@ def _game(data: dict, scale: float | None, access: str = "logits") -> tuple:
 def test_reads_the_category_off_clear_embeddings(data: dict) -> None:
     target, task = _game(data, None)
     attack = make_embedding("attribute", epochs=60, patience=10)
+    state = torch.get_rng_state()
     result = run_attribute(attack, target, task, data["truth"])
+    assert torch.equal(torch.get_rng_state(), state)  # seeded without touching torch's own
     assert result.chance < 0.4
     assert result.accuracy > 0.85
     assert result.queries == 240 and target.queries == 240 and result.access == "logits"

@@ -115,15 +115,16 @@ class AttributeInference(EmbeddingAttack):
         classes: int,
         generator: torch.Generator,
     ) -> tuple[nn.Module, int]:
-        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
         width = self.hidden
-        model = nn.Sequential(
-            nn.Linear(x.shape[1], width),
-            nn.ReLU(),
-            nn.Linear(width, width),
-            nn.ReLU(),
-            nn.Linear(width, classes),
-        )
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator)))
+            model = nn.Sequential(
+                nn.Linear(x.shape[1], width),
+                nn.ReLU(),
+                nn.Linear(width, width),
+                nn.ReLU(),
+                nn.Linear(width, classes),
+            )
         optimiser = torch.optim.Adam(model.parameters(), lr=self.lr, weight_decay=self.weight_decay)
         best, best_loss, best_epoch, waited = copy.deepcopy(model.state_dict()), np.inf, 0, 0
         for epoch in range(1, self.epochs + 1):
