@@ -5,7 +5,9 @@ other options refused, and a killed run resumed to bit-identical weights."""
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -263,3 +265,64 @@ def test_frozen_releases_each_sequence_once(tmp_path: Path) -> None:
     )
     with pytest.raises(DPForwardError, match=r"frozen .* is for dp-forward"):
         _config(method="dp-sgd", epsilon=4.0, frozen=True).validate()
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_each_training_sequence_is_released_as_accounted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, frozen: bool
+) -> None:
+    """Every release a member's sequence goes through, counted at the noise layer against the
+    token ids that produced it: `releases` (1 when frozen) in all, as the facts account; per
+    epoch, only the training releases (the trainer's evaluation passes of the training set are
+    measurement, module docstring of `privacylab.training.dpforward`). Frozen with reduce: M1
+    (user side) keeps its seeded map, M2 (provider side) is trained with p(.)."""
+    from collections import Counter
+
+    from privacylab.models.encoder import EncoderClassifier
+
+    seen: list[torch.Tensor] = []
+    released: Counter = Counter()
+    before, user_side = EncoderClassifier.before, ForwardNoise.user_side
+
+    def spy_before(self, ids, position=None):  # type: ignore[no-untyped-def]
+        seen.append(ids)
+        return before(self, ids, position)
+
+    def spy_user_side(self, matrix):  # type: ignore[no-untyped-def]
+        if frozen or self.training:
+            released.update(tuple(row.tolist()) for row in seen[-1])
+        return user_side(self, matrix)
+
+    monkeypatch.setattr(EncoderClassifier, "before", spy_before)
+    monkeypatch.setattr(ForwardNoise, "user_side", spy_user_side)
+    config = _config(
+        epsilon=4.0, position="layer:1", epochs=2, documents=60, frozen=frozen, reduce=8
+    )
+    facts = train_dpforward(config, tmp_path)
+    releases = facts["privacy"]["releases"]
+    assert releases == (1 if frozen else 2)
+    reviews = build_reviews(ReviewConfig(documents=60, seed=0))
+    members = encode_texts(load_dpforward(tmp_path).tokenizer, reviews.subset("train").texts, 20)
+    copies = Counter(tuple(row.tolist()) for row in members)
+    assert {key: released[key] for key in copies} == {k: releases * n for k, n in copies.items()}
+    if frozen:
+        assert sum(released.values()) == facts["members"] + facts["non_members"]
+        trained = load_file(str(tmp_path / "model.safetensors"))
+        start = ForwardNoise(1.0, None, seed=0, reduce=8, dim=trained["release.up.weight"].shape[0])
+        assert torch.equal(trained["release.down.weight"], start.down.weight.detach())
+        assert not torch.equal(trained["release.up.weight"], start.up.weight.detach())
+
+
+def test_folder_written_before_newer_options_is_read_as_their_defaults(tmp_path: Path) -> None:
+    """A folder whose recorded options lack `reduce` and `frozen` (written before they existed)
+    is the run with their defaults: reported as it is, not refused as other options."""
+    config = _config(epsilon=4.0, epochs=1, documents=48)
+    facts = train_dpforward(config, tmp_path)
+    for path in (tmp_path / "model.json", tmp_path / "checkpoint" / "config.json"):
+        data = json.loads(path.read_text())
+        options = data.get("config", data)
+        del options["reduce"], options["frozen"]
+        path.write_text(json.dumps(data))
+    assert train_dpforward(config, tmp_path) == facts
+    with pytest.raises(DPForwardError, match="frozen=False, not True"):
+        train_dpforward(replace(config, frozen=True), tmp_path)

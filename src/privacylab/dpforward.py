@@ -125,7 +125,8 @@ class DPForwardConfig:
     `frozen` (dp-forward only): f(·) stays the pretrained one and each training sequence is
     released ONCE; the provider trains p(·) for every epoch on those releases (post-processing,
     Du et al. 2023, Sec. 3.3: "unless f is frozen to re-use f(X) + Z"), so ε is that of one
-    release instead of `epochs` and the noise is √epochs smaller."""
+    release instead of `epochs` and the noise is √epochs smaller. With `reduce`, M1 (user side)
+    stays at its seeded initial map and M2 (provider side) is trained with p(·)."""
 
     method: str = "dp-forward"
     epsilon: float | None = 8.0
@@ -346,7 +347,7 @@ def _claim(folder: Path, config: DPForwardConfig) -> None:
     wanted = config.training_options()
     if path.is_file():
         try:
-            earlier = json.loads(path.read_text())
+            earlier = _with_defaults(json.loads(path.read_text()))
         except (OSError, ValueError):
             earlier = None
         if earlier != wanted:
@@ -356,6 +357,16 @@ def _claim(folder: Path, config: DPForwardConfig) -> None:
     partial = path.with_name(path.name + ".partial")
     partial.write_text(json.dumps(wanted, sort_keys=True))
     partial.replace(path)
+
+
+def _with_defaults(earlier: object) -> object:
+    """The training options a folder recorded, with the options added since it was written
+    (absent there) at their defaults, which is what they meant then (`from_dict` reads them
+    so)."""
+    if not isinstance(earlier, dict):
+        return earlier
+    defaults = DPForwardConfig().training_options()
+    return {**defaults, **{k: v for k, v in earlier.items() if k != "device"}}
 
 
 def _other_options(folder: Path, earlier: object, wanted: dict[str, Any]) -> str:
@@ -401,25 +412,28 @@ def _write_json(path: Path, payload: dict[str, Any]) -> None:
 
 
 class _PostNoise(nn.Module):
-    """p(·) of `model` alone, trained on releases computed once (`DPForwardConfig.frozen`): its
-    input is the released matrix, its output the logits (`EncoderClassifier.after`)."""
+    """The provider's side of `model` alone, trained on releases computed once
+    (`DPForwardConfig.frozen`): M2 when reducing (`ForwardNoise.provider_side`), then p(·)
+    (`EncoderClassifier.after`); its input is the released matrix, its output the logits."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, released: torch.Tensor) -> torch.Tensor:
-        return self.model.after(released)  # type: ignore[operator]
+        lifted = self.model.release.provider_side(released)  # type: ignore[union-attr,operator]
+        return self.model.after(lifted)  # type: ignore[operator]
 
 
 @torch.no_grad()
 def _released(model: nn.Module, ids: torch.Tensor, device: str, chunk: int = 128) -> torch.Tensor:
-    """One release f(X) + Z per sequence of `ids` through `model`'s release layer (eval mode,
-    f(·) frozen at its pretrained weights), on the CPU. The noise layer's seeded call counter
-    makes a re-run (a resumed training) draw the same releases."""
+    """One release per sequence of `ids`, what its user sends (`ForwardNoise.user_side` of
+    f(X): eval mode, f(·) and M1 frozen at their initial weights), on the CPU. The noise
+    layer's seeded call counter makes a re-run (a resumed training) draw the same releases."""
     model.to(device).eval()
+    send = model.release.user_side  # type: ignore[union-attr]
     out = [
-        model.release(model.before(ids[i : i + chunk].to(device))).cpu()  # type: ignore[operator]
+        send(model.before(ids[i : i + chunk].to(device))).cpu()  # type: ignore[operator]
         for i in range(0, len(ids), chunk)
     ]
     return torch.cat(out) if out else torch.zeros(0)
@@ -441,7 +455,7 @@ def _finished(folder: Path, config: DPForwardConfig) -> dict[str, Any] | None:
         return None
     data = _read_sidecar(folder)
     earlier = data["config"]
-    saved = {k: v for k, v in earlier.items() if k != "device"} if isinstance(earlier, dict) else 0
+    saved = _with_defaults(earlier) if isinstance(earlier, dict) else 0
     if saved != config.training_options():
         raise DPForwardError(_other_options(folder, saved, config.training_options()))
     if not (folder / WEIGHTS_FILE).is_file():

@@ -176,9 +176,9 @@ class ForwardNoise(nn.Module):
         scale = self.clip / norms.clamp_min(torch.finfo(matrix.dtype).tiny)
         return matrix * scale[:, None, None]
 
-    def forward(self, matrix: Tensor) -> Tensor:
-        """normalise(`matrix`) plus fresh aMGM noise, one release per sequence (through M1
-        before and M2 after when reducing)."""
+    def user_side(self, matrix: Tensor) -> Tensor:
+        """What the user sends (Du et al. 2023, Sec. 3.2): M1 when reducing, the normalisation
+        and fresh aMGM noise, one release per sequence."""
         if self.down is not None:
             matrix = self.down(matrix)
         released = self.normalise(matrix)
@@ -187,7 +187,15 @@ class ForwardNoise(nn.Module):
             self.generator.manual_seed(_call_seed(self.seed, call))
             self.calls.fill_(call + 1)
             released = self.mechanism.release(released)
+        return released
+
+    def provider_side(self, released: Tensor) -> Tensor:
+        """M2 on a release when reducing (post-processing by the provider), else the release."""
         return released if self.up is None else self.up(released)
+
+    def forward(self, matrix: Tensor) -> Tensor:
+        """`provider_side(user_side(matrix))`: one release per sequence."""
+        return self.provider_side(self.user_side(matrix))
 
 
 def _seeded_linear(inputs: int, outputs: int, seed: int, stream: int, *, bias: bool) -> nn.Linear:
