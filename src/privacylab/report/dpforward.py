@@ -560,7 +560,7 @@ def accuracy_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
 
 
 _TICKS = (
-    ("#7f7f7f", "inversion by guessing (recall against another victim's tokens)"),
+    ("#8c564b", "inversion by guessing (another victim's tokens)"),
     ("#000000", "attribute chance (majority share)"),
 )
 """(colour, legend) of the level each attack bar is read against: inversion, attribute."""
@@ -568,7 +568,7 @@ _TICKS = (
 
 def attacks_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
     """Per model, bars of inversion token recall (nearest neighbour, optimisation), each with
-    the recall of guessing (recovered tokens against another victim's) as a grey tick, and
+    the recall of guessing (recovered tokens against another victim's) as a brown tick, and
     attribute accuracy with its chance level as a black tick; the dashed line is
     `INVERSION_STOPPED` (Du et al. 2023, Sec. 6, Tables 6-7 as bars)."""
     shown = [
@@ -578,7 +578,7 @@ def attacks_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
             r.get(k) is not None for k in ("inversion_nn", "inversion_opt", "attribute_accuracy")
         )
     ]
-    fig = Figure(figsize=(min(12.0, max(6.0, 0.9 * len(shown) + 2.5)), 4.8), layout="constrained")
+    fig = Figure(figsize=(min(14.0, max(7.0, 1.5 * len(shown) + 2.5)), 4.8), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     width = 0.26
     bars = (
@@ -618,6 +618,7 @@ def attacks_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
                 [level, level],
                 color=tick[0],
                 linewidth=2.2,
+                zorder=3,
                 label=None if tick[1] in labelled else tick[1],
             )
             labelled.add(tick[1])
