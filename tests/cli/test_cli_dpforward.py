@@ -72,6 +72,7 @@ def test_json_keys_and_summary(tmp_path: Path) -> None:
         (("--encoder", "bert-large"), "unknown encoder"),
         (("--device", "tpu"), "device"),
         (("--method", "dp-sgd", "--reduce", "8"), "reduce"),
+        (("--method", "dp-sgd", "--frozen"), "frozen (one release per training sequence)"),
     ],
 )
 def test_bad_input_is_one_line(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
@@ -85,3 +86,19 @@ def test_layer_out_of_range_for_minilm_depth(tmp_path: Path) -> None:
     assert "layer index 7 is out of range: the encoder has layers 1..6" in line
     line = fails("--layers", "2", "--position", "layer:3", "--out", str(tmp_path / "never"))
     assert "layers 1..2" in line
+
+
+def test_frozen_accounts_one_release_per_training_sequence(tmp_path: Path) -> None:
+    """--frozen (Du et al. 2023, Sec. 3.3): two epochs on ONE release per training sequence;
+    the ε of the facts is that of one release (the inference ε) and the summary says so."""
+    out = tmp_path / "frozen"
+    args = ("--encoder", "tiny", "--documents", "48", "--max-len", "16", "--epochs", "2")
+    payload = run_json(*args, "--frozen", "--epsilon", "3", "--out", str(out))
+    privacy = payload["privacy"]
+    assert payload["epochs"] == 2 and privacy["releases"] == 1
+    assert payload["event"]["count"] == 1
+    assert payload["epsilon"] == pytest.approx(3.0, rel=1e-6)
+    assert privacy["inference_epsilon"] == pytest.approx(payload["epsilon"], rel=1e-9)
+    result = invoke(*args, "--frozen", "--epsilon", "3", "--out", str(out))
+    assert result.exit_code == 0, result.stderr
+    assert "SeqLDP of 1 release(s) per training sequence" in result.stdout

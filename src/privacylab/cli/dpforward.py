@@ -40,10 +40,12 @@ def _summary(facts: dict[str, Any]) -> str:
     if facts["epsilon"] is None:
         privacy = "non-private"
     else:
-        privacy = f"eps={facts['epsilon']:.4g} delta={facts['delta']:g} ({facts['accountant']}" + (
-            ", SeqLDP, sensitivity 2C)" if method == "dp-forward" else ", central DP)"
-        )
         spent = facts.get("privacy") or {}
+        privacy = f"eps={facts['epsilon']:.4g} delta={facts['delta']:g} ({facts['accountant']}" + (
+            f", SeqLDP of {spent.get('releases')} release(s) per training sequence, sensitivity 2C)"
+            if method == "dp-forward"
+            else ", central DP)"
+        )
         if method == "dp-forward":
             privacy += f", one inference release eps={spent['inference_epsilon']:.4g}"
             if spent.get("label_epsilon") is not None:
@@ -54,8 +56,8 @@ def _summary(facts: dict[str, Any]) -> str:
             shuffled = spent.get("shuffled")
             if shuffled:
                 privacy += (
-                    f", shuffled (per epoch) eps={shuffled['epsilon']:.4g} "
-                    f"delta={shuffled['delta']:.3g}"
+                    f", shuffled (per round of {shuffled['rounds']}) eps="
+                    f"{shuffled['epsilon']:.4g} delta={shuffled['delta']:.3g}"
                 )
     per_step = facts.get("seconds_per_step")
     step = f", {per_step:.3f} s/step" if per_step is not None else ""
