@@ -75,6 +75,8 @@ def test_bad_input_is_one_line_and_exit_2(folder, tmp_path):
         "--seed must": (*target, "--method", "attribute", "--seed", "-1"),
         "--method": target,
         "unknown device": (*target, "--method", "attribute", "--device", "nonsense"),
+        "out of range": (*target, "--method", "attribute", "--position", "layer:9"),
+        "unknown position": (*target, "--method", "attribute", "--position", "middle"),
     }
     for message, args in cases.items():
         assert message in fails(*args)
