@@ -8,7 +8,9 @@ model folder, `privacylab.dpforward.train_dpforward`) or one attack run
 kept per model folder under ``payload["dpforward"]["models"]``: a model's "inversion-nn",
 "inversion-opt" and "attribute" runs fill one row; a run replaces that model's earlier run of
 the same method; a model retrained with other settings (method, position, ε, ...) drops the
-runs made on the old one. Every other key of `results.json` is kept, files are written
+runs made on the old one. A non-private or DP-SGD model read at another cut than its own
+(``FOLDER@POSITION``) is a row of its own, labelled with the cut; its accuracy and step time
+count once in the figures and claims. Every other key of `results.json` is kept, files are written
 atomically (`privacylab.report.html.write_report`) and concurrent calls on one folder are
 serialised by a lock file. The review texts of the victims appear only as inversion examples,
 at most `EXAMPLES` per run and `EXAMPLE_CHARS` characters each.

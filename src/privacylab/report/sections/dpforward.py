@@ -5,10 +5,12 @@ Its page anchor is `#dp-forward`. Renders ``payload["dpforward"]`` (what
 `privacylab.report.dpforward.add_dpforward_run` merges, one entry per model folder): a one-line
 verdict (does DP-Forward stop embedding inversion and attribute inference where DP-SGD does
 not?), one table row per model (method, position, ε with δ, privacy event and accountant,
-accuracy, inversion recall of the nearest-neighbour and optimisation attacks, attribute
-accuracy beside chance, membership AUC), Du et al. 2023's claims beside what these runs
-measured, the accuracy-vs-ε figure per position, the attack bar chart, and the inversion
-examples with the recovered tokens that occur in the true text marked.
+accuracy, inversion recall of the nearest-neighbour and optimisation attacks each beside the
+recall of guessing common words, attribute accuracy beside chance, membership AUC; a
+non-private or DP-SGD model read at several cuts has a row per cut, its position shown),
+Du et al. 2023's claims beside what these runs measured, the accuracy-vs-ε figure per
+position, the attack bar chart, and the inversion examples with the recovered tokens that
+occur in the true text marked.
 """
 
 from __future__ import annotations
