@@ -10,8 +10,8 @@ Privacy in Forward Pass", CCS'23) compare three ways to fine-tune BERT (Sec. 5.4
 - ``dp-forward``: the one trainer with a non-private optimiser; the model's release layer
   (`privacylab.training.dpforward.ForwardNoise`) normalises f(X) at the cut (input, layer:K or
   output) to Frobenius norm C and adds aMGM noise calibrated for sensitivity 2C and `epochs`
-  releases per sequence, in training and at inference (SeqLDP, Sec. 3.3); with
-  `label_epsilon` the training labels are randomized once (k-ary RR, Sec. 3.4).
+  releases per sequence (one with `frozen`), in training and at inference (SeqLDP, Sec. 3.3);
+  with `label_epsilon` the training labels are randomized once (k-ary RR, Sec. 3.4).
 
 Data: `privacylab.data.reviews` (train = members, fine-tuned on; test = non-members, the
 accuracy; aux = the attacker's). Encoders: ``minilm`` (all-MiniLM-L6-v2, the real pretrained

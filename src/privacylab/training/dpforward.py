@@ -19,10 +19,12 @@ too (Sec. 3.5), and the deployed pipeline's accuracy is that of noisy inference.
 Accounting (Sec. 3.3, "Privacy Accounting"): every training sequence is released once per epoch
 (batches are drawn without replacement), so k epochs are k adaptive releases of the same X; σ is
 calibrated so that the k-fold composition is (ε, δ)-SeqLDP (`forward_mechanism`), and the PLD
-accountant (Koskela et al. 2020; the paper's numerical accountant) certifies the ε reported. One
-inference release is a single aMGM release with its own, smaller ε. Labels, when private, are
-perturbed once before training by k-ary randomized response (Sec. 3.4, Warner 1965), composed
-with the sequence releases for an LDP guarantee on the pair (X, y). Shuffling (Sec. 3.4) can
+accountant (Koskela et al. 2020; the paper's numerical accountant) certifies the ε reported.
+With f(·) frozen (`privacylab.dpforward.DPForwardConfig.frozen`) each sequence is released once
+and every epoch re-uses that release (post-processing): k = 1. One inference release is a
+single aMGM release with its own ε (smaller unless k = 1). Labels, when private, are perturbed
+once before training by k-ary randomized response (Sec. 3.4, Warner 1965), composed with the
+sequence releases for an LDP guarantee on the pair (X, y). Shuffling (Sec. 3.4) can
 amplify one round of local reports to central DP (Feldman, McMillan & Talwar 2021); it is
 reported where its condition holds, with its assumption. The trainer's per-epoch evaluation of
 the training set (loss and accuracy for the experimenter) is measurement, not a release to the
@@ -66,7 +68,7 @@ ACCOUNTANT = "pld"
 
 SHUFFLE_ASSUMPTION = (
     "a trusted shuffler permutes the n users' reports; each user sends one report per round "
-    "(one epoch); rounds are composed by basic composition"
+    "(one epoch, or the one release of a frozen f); rounds are composed by basic composition"
 )
 
 
@@ -244,7 +246,8 @@ def _pld_epsilon(event: Event, delta: float) -> float:
 class ForwardPrivacy:
     """The SeqLDP guarantee of one DP-Forward run (Du et al. 2023, Definition 3 and Sec. 3.3).
 
-    `epsilon`: the sequence X over all `releases` (epochs) of training, PLD-certified at `delta`;
+    `epsilon`: the sequence X over all `releases` of training (one per epoch, or one when f(·)
+    is frozen and p(·) re-uses it), PLD-certified at `delta`;
     `inference_epsilon`: one release (one inference query); `label_epsilon`/`label_event`: the
     randomized response of the label (None: labels are sent in the clear); `total_epsilon`: the
     pair (X, y), PLD of the composition (None when the labels are not private); `shuffled`:
@@ -293,7 +296,7 @@ def shuffle_guarantee(
     """Amplification by shuffling (Feldman, McMillan & Talwar 2021) of DP-Forward's reports:
     each of the `users` sends one aMGM release per round, an (ε₀, δ₀)-LDP report with
     δ₀ = δ / (4 n) and ε₀ its PLD ε at δ₀; the shuffled round's (ε, δ) comes from
-    `privacylab.accounting.shuffling.shuffled_epsilon`, and the `rounds` (epochs) are composed
+    `privacylab.accounting.shuffling.shuffled_epsilon`, and the `rounds` (releases) are composed
     by basic composition (kε, kδ). None where the theorem does not apply (ε₀ too large for n)."""
     from privacylab.accounting.shuffling import shuffled_epsilon
 
