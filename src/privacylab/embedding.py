@@ -321,6 +321,10 @@ def _run(
     step("load", 0)
     attack = make_embedding(name)
     loaded = load_dpforward(folder, device=device)
+    release = getattr(loaded.model, "release", None)
+    if release is not None:
+        words = f"{name}/{victims}/{seed}/{position}".encode()
+        release.start_session(int.from_bytes(hashlib.sha256(words).digest()[:4], "big"))
     config, facts, reviews = loaded.config, loaded.facts, loaded.reviews
     cut = str(config.position) if position is None else position
     if cut != str(config.position):

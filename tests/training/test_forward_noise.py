@@ -263,3 +263,28 @@ def test_release_accuracy_bound_is_attained_by_the_likelihood_ratio_test() -> No
         guess = torch.sign((layer(x) * direction).sum((1, 2)))
     accuracy = float((guess == truth).double().mean())
     assert abs(accuracy - bound) < 5 * math.sqrt(bound * (1 - bound) / len(truth))
+
+
+def test_sessions_draw_their_own_noise() -> None:
+    """A reloaded layer restarts at its saved call counter: without a session of its own, two
+    sessions add the same Z to different sequences (their difference then carries no noise).
+    `start_session` gives each session its own reproducible stream."""
+
+    def layer(session: int | None = None) -> ForwardNoise:
+        noise = ForwardNoise(1.0, forward_mechanism(4.0, 1e-5, 1.0, 3, 5), seed=7)
+        if session is not None:
+            noise.start_session(session)
+        return noise
+
+    x, y = torch.randn(2, 3, 5), torch.randn(2, 3, 5)
+    first, second = layer(), layer()
+    leak = (first(x) - second(y)) - (first.normalise(x) - second.normalise(y))
+    assert torch.allclose(leak, torch.zeros_like(leak), atol=1e-6)
+    one, two = layer(1), layer(2)
+    noise_one = one(x) - one.normalise(x)
+    noise_two = two(y) - two.normalise(y)
+    assert not torch.allclose(noise_one, noise_two, atol=1e-3)
+    assert torch.equal(layer(1)(x), layer(1)(x))
+    assert int(one.calls) == 1
+    with pytest.raises(TrainingError, match="session must be a whole number"):
+        layer().start_session(-1)

@@ -191,6 +191,18 @@ class ForwardNoise(nn.Module):
             released = self.mechanism.release(released)
         return released
 
+    def start_session(self, session: int) -> None:
+        """Draw this layer's noise from a stream of its own for `session` from now on (the
+        call counter restarts in it). Reloading a model restores its saved counter, so two
+        sessions over the same folder would otherwise draw the same noise at the same call
+        index, and the difference of two of their releases would be f(X) − f(X') without
+        noise; a job that queries a loaded model starts a session derived from its own seed
+        (reproducible, distinct per job)."""
+        if isinstance(session, bool) or not isinstance(session, int) or session < 0:
+            raise TrainingError(f"session must be a whole number >= 0, got {session!r}")
+        self.seed = _call_seed(self.seed, 2**40 + session) % 2**31
+        self.calls.fill_(0)
+
     def provider_side(self, released: Tensor) -> Tensor:
         """M2 on a release when reducing (post-processing by the provider), else the release."""
         return released if self.up is None else self.up(released)
