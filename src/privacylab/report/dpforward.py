@@ -24,14 +24,13 @@ and their Sec. 6 embedding inversion (token recall) and sensitive-attribute infe
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
 import math
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from matplotlib.ticker import NullFormatter
 
 from privacylab.errors import PrivacylabError
 from privacylab.report._format import mappings, number
+from privacylab.report._merge import locked, read_results
 from privacylab.report.html import write_report
 from privacylab.report.jsonable import json_ready
 from privacylab.report.language import epsilon_label
@@ -795,35 +795,6 @@ def _identity(facts: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(facts.get(k) for k in IDENTITY)
 
 
-def _read_payload(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise DPForwardReportError(f"cannot read {path}: {first}") from None
-    if not isinstance(payload, dict):
-        raise DPForwardReportError(f"{path} does not hold a JSON object")
-    return payload
-
-
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """Serialise read-merge-write of one report folder between processes (POSIX flock)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    with open(folder / ".dpforward.lock", "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
 def add_dpforward_run(out_dir: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:
     """Merge one DP-Forward `payload` (``{"facts": facts}`` from training, the facts alone, or
     one `privacylab attack embedding` run) into the report in `out_dir`; return its index.html.
@@ -845,8 +816,8 @@ def add_dpforward_run(out_dir: str | os.PathLike[str], payload: Mapping[str, Any
     key = str(facts["folder"])
     base = Path(out_dir)
     base.mkdir(parents=True, exist_ok=True)
-    with _locked(base):
-        results = _read_payload(base / "results.json")
+    with locked(base, "dpforward"):
+        results = read_results(base / "results.json", DPForwardReportError)
         block = results.get("dpforward")
         block = dict(block) if isinstance(block, Mapping) else {}
         models = [dict(m) for m in mappings(block.get("models"))]

@@ -21,12 +21,10 @@ Figures (matplotlib `Figure` objects through the Agg canvas, never pyplot):
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
 import os
 import re
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from privacylab.errors import PrivacylabError
 from privacylab.report._format import mappings, number, safe_name, target_epsilon
+from privacylab.report._merge import locked, read_results
 from privacylab.report.html import write_report
 from privacylab.report.jsonable import json_ready
 from privacylab.report.plots import FONT_PT, LEGEND_FONT_PT, _to_png, line_style
@@ -411,35 +410,6 @@ def _run_folder(run: Any) -> str:
     return str(folder)
 
 
-def _read_payload(path: Path) -> dict[str, Any]:
-    if not path.exists():
-        return {}
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise LanguageReportError(f"cannot read {path}: {first}") from None
-    if not isinstance(payload, dict):
-        raise LanguageReportError(f"{path} does not hold a JSON object")
-    return payload
-
-
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """Serialise read-merge-write of one report folder between processes (POSIX flock)."""
-    try:
-        import fcntl
-    except ImportError:  # pragma: no cover - not POSIX
-        yield
-        return
-    with open(folder / ".language.lock", "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
 def add_language_run(folder: str | os.PathLike[str], kind: str, run: Mapping[str, Any]) -> Path:
     """Merge one language-model attack `run` of `kind` ("extraction", "exposure" or
     "membership") into the report in `folder` and rewrite it; return the page (index.html).
@@ -458,8 +428,8 @@ def add_language_run(folder: str | os.PathLike[str], kind: str, run: Mapping[str
     clean = json_ready(run)
     base = Path(folder)
     base.mkdir(parents=True, exist_ok=True)
-    with _locked(base):
-        payload = _read_payload(base / "results.json")
+    with locked(base, "language"):
+        payload = read_results(base / "results.json", LanguageReportError)
         block = payload.get("language")
         block = dict(block) if isinstance(block, Mapping) else {}
         runs = list(mappings(block.get(kind)))
