@@ -29,6 +29,7 @@ from privacylab.training.dpforward import ForwardNoise
 FACT_KEYS = {
     "method",
     "position",
+    "frozen",
     "encoder",
     "layers",
     "epsilon",

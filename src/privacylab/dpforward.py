@@ -582,6 +582,7 @@ def train_dpforward(
     facts = {
         "method": config.method,
         "position": config.position,
+        "frozen": config.frozen,
         "encoder": config.encoder,
         "layers": config.depth,
         "epsilon": epsilon,

@@ -17,6 +17,7 @@ invoke, run_json, fails = command("dpforward", "train")
 FACT_KEYS = {
     "method",
     "position",
+    "frozen",
     "encoder",
     "layers",
     "epsilon",

@@ -30,6 +30,7 @@ from privacylab.report.dpforward import (
     event_summary,
     findings,
     marked_tokens,
+    model_label,
     model_rows,
     verdict,
 )
@@ -543,3 +544,17 @@ def test_baseline_read_at_other_cuts_and_guessing_recall(tmp_path: Path) -> None
     bad = guessed(FORWARD, "inversion-nn", 0.2, 1.5)
     with pytest.raises(DPForwardReportError, match="inversion_baseline_recall"):
         add_dpforward_run(tmp_path / "bad", bad)
+
+
+def test_frozen_models_are_their_own_series_and_label() -> None:
+    """A DP-Forward model with f(.) frozen (one release per sequence) is not the per-epoch one at
+    the same cut: its own line in the accuracy plot and "(f frozen)" in its label."""
+    frozen = {**facts("/fz", accuracy=0.49), "frozen": True}
+    rows = model_rows(
+        {"models": [{"folder": f["folder"], "facts": f, "runs": {}} for f in (FORWARD, frozen)]}
+    )
+    labels = sorted(model_label(r) for r in rows)
+    assert labels == ["DP-Forward, output (f frozen), ε=8", "DP-Forward, output, ε=8"]
+    lines = {line.get_label(): line for line in accuracy_plot(rows).axes[0].get_lines()}
+    assert list(lines["DP-Forward, output (f frozen)"].get_ydata()) == [0.49]
+    assert list(lines["DP-Forward, output"].get_ydata()) == [0.853]

@@ -152,7 +152,7 @@ def model_label(row: Mapping[str, Any]) -> str:
     method = str(row.get("method") or "model")
     parts = [METHOD_NAMES.get(method, method)]
     if method == "dp-forward" and row.get("position"):
-        parts.append(str(row["position"]))
+        parts.append(str(row["position"]) + (" (f frozen)" if row.get("frozen") else ""))
     elif row.get("read_at"):
         parts.append(f"read at {row['read_at']}")
     epsilon = number(row.get("epsilon"))
@@ -249,6 +249,7 @@ def model_rows(block: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "folder": str(model.get("folder")),
                 "method": facts.get("method"),
                 "position": pick("position"),
+                "frozen": bool(facts.get("frozen")),
                 "epsilon": number(pick("epsilon")),
                 "delta": number(pick("delta")),
                 "event": pick("event"),
@@ -505,11 +506,16 @@ def accuracy_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
 
     rows = distinct_models(rows)
     forward = [r for r in rows if r.get("method") == "dp-forward" and usable(r)]
-    positions = sorted({str(r.get("position")) for r in forward}, key=_position_order)
+    series = sorted(
+        {(str(r.get("position")), bool(r.get("frozen"))) for r in forward},
+        key=lambda s: (_position_order(s[0]), s[1]),
+    )
     xs: list[float] = []
-    for i, position in enumerate(positions):
+    for i, (position, frozen) in enumerate(series):
         points = sorted(
-            (r["epsilon"], r["accuracy"]) for r in forward if str(r.get("position")) == position
+            (r["epsilon"], r["accuracy"])
+            for r in forward
+            if str(r.get("position")) == position and bool(r.get("frozen")) == frozen
         )
         color, style = line_style(i)
         ax.plot(
@@ -519,7 +525,7 @@ def accuracy_plot(rows: Sequence[Mapping[str, Any]]) -> Figure:
             marker="o",
             markersize=5,
             linewidth=1.8,
-            label=f"DP-Forward, {position}",
+            label=f"DP-Forward, {position}" + (" (f frozen)" if frozen else ""),
         )
         xs += [p[0] for p in points]
     sgd = sorted(
