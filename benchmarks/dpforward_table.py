@@ -48,25 +48,22 @@ facts and every attack run join the report section ``#dp-forward``
 JSON object. ``--quick``: ε = 8 only, positions input and output, 300 documents, MiniLM's first
 2 layers, 30 victims (about 5 minutes on a shared 2-core CPU).
 
-Cost of the full run: 28 models (16 baselines: 4 positions × (non-private + 3 DP-SGD ε); 12
-DP-Forward), each 90 steps of the full MiniLM (960 training reviews, batch 32, 3 epochs;
-1.5-1.9 s a step on one CPU thread, `benchmarks/dpforward.py`) plus the evaluation and three
-attacks with 200 victims: hours on a CPU. ``--baseline-positions input output`` halves the
-baselines (the inversion and attribute claims are then decided at those cuts only).
-Baselines at different cuts are separate trainings of the same function; they agree exactly
-only where the job is bit-reproducible (when this was written, the MiniLM classifier's head was
-initialised from torch's unseeded global generator, so the quick run's two non-private models
-differ: accuracy 0.62 and 0.65).
+Models: the baselines (non-private, DP-SGD at each ε) are trained once and read at every cut
+of ``--baseline-positions`` (`run_embedding_attack(position=...)`: their function is the same
+whatever the cut); DP-Forward is trained per cut × ε, and with ``--frozen-positions`` also with
+f(·) frozen (one release per training sequence). The output cut and the frozen variant run
+first, so a run cut short still holds the most telling rows; a re-run resumes the rest.
 
-Measured with ``--quick`` (2 layers, ε = 8, 120 training reviews, 30 victims), two runs (they
-differ because the head's initialisation was unseeded): accuracy non-private 0.62-0.74, DP-SGD
-0.47-0.50, DP-Forward 0.48-0.51 (12 steps: the private models are near chance); inversion recall
-(nn / opt) at the input cut 1.00 / 1.00 under non-private and DP-SGD, 0.01 / 0.01 under
-DP-Forward; attribute accuracy (chance 0.33) at input / output 0.70 / 0.77-0.83 non-private,
-0.70 / 0.80 DP-SGD, 0.27 / 0.37 DP-Forward. Claims 1, 3 and 4 ✓ in both; 2 (output best) and
-5 (MIA) ✓/✗ vary between the runs: with 30 members and 30 non-members an AUC's standard error is
-about 0.07, and the private models' accuracies differ by a point, so the quick run cannot
-decide them.
+Measured (``--epsilons 2 8 --positions input layer:3 output --baseline-positions input layer:3
+output --frozen-positions input output --victims 100``; 2,625 s on 2 CPU cores; the full
+MiniLM, 960 training reviews, 3 epochs): accuracy non-private 0.932, DP-SGD 0.585 / 0.632
+(ε 2 / 8), DP-Forward at the output 0.550 / 0.658, at layer:3 and input 0.48-0.50, frozen
+0.49-0.50; inversion (nn / opt) at input 1.00 / 1.00 under non-private and DP-SGD, 0.00 / 0.00
+under DP-Forward, at the output 0.00 / 0.22 under DP-Forward against a guessing level of 0.23;
+attribute accuracy (chance 0.27) 0.93-1.00 non-private and DP-SGD, 0.22-0.27 DP-Forward. Claims
+1-4 ✓ (1 at ε = 8 only, +2.6 points), 5 ✗ at 100 + 100 sequences (AUCs 0.46-0.60, standard
+error ≈ 0.04); `benchmarks/dpforward_mia.py` decides it on every member and on the memorised
+reviews.
 """
 
 from __future__ import annotations
