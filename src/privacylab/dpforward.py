@@ -67,6 +67,7 @@ __all__ = [
     "DPForwardConfig",
     "DPForwardError",
     "LoadedForward",
+    "forward_config",
     "forward_facts",
     "load_dpforward",
     "train_dpforward",
@@ -616,6 +617,12 @@ def train_dpforward(
     }
     _write_json(folder / SIDECAR_FILE, sidecar)
     return _read_sidecar(folder)["facts"]
+
+
+def forward_config(folder: str | Path) -> DPForwardConfig:
+    """The validated config the model folder `folder` was trained with (its sidecar only: no
+    weights are read)."""
+    return DPForwardConfig.from_dict(_read_sidecar(Path(folder))["config"])
 
 
 def forward_facts(folder: str | Path) -> dict[str, Any]:

@@ -33,7 +33,6 @@ older version of this job) is computed again.
 from __future__ import annotations
 
 import hashlib
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -118,7 +117,11 @@ def _method(method: object) -> str:
     return name
 
 
-def _folder(folder: str | Path) -> Path:
+def _folder(folder: str | Path) -> tuple[Path, Any]:
+    """The model folder and the config it was trained with (`forward_config`), or a one-line
+    EmbeddingJobError before any weights are read."""
+    from privacylab.dpforward import DPForwardError, forward_config
+
     path = Path(folder)
     if not path.is_dir():
         raise EmbeddingJobError(f"{path} is not a model folder")
@@ -129,14 +132,9 @@ def _folder(folder: str | Path) -> Path:
             "write one with `privacylab dpforward train`"
         )
     try:
-        sidecar = json.loads((path / "model.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        sidecar = None
-    if not isinstance(sidecar, dict) or not {"config", "facts"} <= set(sidecar):
-        raise EmbeddingJobError(
-            f"{path} is not a DP-Forward model folder (its model.json has no config and facts)"
-        )
-    return path
+        return path, forward_config(path)
+    except DPForwardError as error:
+        raise EmbeddingJobError(f"{path} is not a DP-Forward model folder: {error}") from None
 
 
 def model_digest(folder: str | Path) -> str:
@@ -241,7 +239,7 @@ def run_embedding_attack(
     name = _method(method)
     victims = _whole("victims", victims, 1)
     seed = _whole("seed", seed, 0)
-    path = _folder(folder)
+    path, config = _folder(folder)
     fields: dict[str, Any] = {
         "method": name,
         "victims": victims,
@@ -250,7 +248,7 @@ def run_embedding_attack(
         "keys": list(RESULT_KEYS),
     }
     if position is not None:
-        fields["position"] = position = _position(path, position)
+        fields["position"] = position = _position(config, position)
     key = config_key(fields)
     opened = not isinstance(store, ResultStore)
     results = ResultStore(path / STORE_FILE if store is None else store) if opened else store
@@ -268,19 +266,12 @@ def run_embedding_attack(
             results.close()
 
 
-def _position(folder: Path, position: object) -> str:
-    """`position` checked against the folder's model: a valid cut of its encoder, and the
+def _position(config: Any, position: object) -> str:
+    """`position` checked against the model's `config`: a valid cut of its encoder, and the
     model's own cut when it is a DP-Forward model (it releases nothing elsewhere)."""
-    from privacylab.dpforward import DPForwardConfig, DPForwardError
     from privacylab.models.encoder import parse_position
     from privacylab.models.errors import ModelError
 
-    try:
-        sidecar = json.loads((folder / "model.json").read_text(encoding="utf-8"))
-        config = DPForwardConfig.from_dict(sidecar["config"])
-    except (OSError, ValueError, KeyError, TypeError, DPForwardError) as error:
-        line = (str(error).splitlines() or [type(error).__name__])[0]
-        raise EmbeddingJobError(f"cannot read {folder / 'model.json'}: {line}") from None
     try:
         cut = str(parse_position(str(position), config.depth))
     except ModelError as error:

@@ -107,10 +107,6 @@ class TrainConfig:
     seed: int = 0
     device: str = "cpu"
     privacy: PrivacyConfig | None = field(default=None)
-    poisson: bool = False
-    """Poisson-sample the batches (rate batch size / N) even without DP-SGD: what a mechanism
-    outside the optimiser accounted with subsampling needs (DP-Forward's central notion,
-    Du et al. 2023 Sec. 3.3). Under DP-SGD `privacy.sampling` decides."""
 
     def validate(self) -> TrainConfig:
         """Check every option; raise TrainingError with one line for the first bad one."""
@@ -130,8 +126,6 @@ class TrainConfig:
         _number("rotation", self.rotation, low=0.0, strict=False)
         _whole("translation", self.translation, low=0)
         _whole("seed", self.seed, low=0)
-        if not isinstance(self.poisson, bool):
-            raise TrainingError(f"poisson must be true or false, got {self.poisson!r}")
         if self.privacy is not None:
             self.privacy.validate()
         return self

@@ -526,7 +526,7 @@ def train(
     spent_template: dict[str, Any] = {}
     step_limit: int | None = None
     q = min(1.0, batch_size / n)
-    if (privacy.sampling == "poisson") if privacy is not None else config.poisson:
+    if privacy is not None and privacy.sampling == "poisson":
         sampler = PoissonSampler(n, q, generator=sample_gen)
     else:
         sampler = ShuffleSampler(n, batch_size, generator=sample_gen)
