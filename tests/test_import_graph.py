@@ -55,6 +55,7 @@ LAYERS: dict[str, int] = {
     "lm_membership": 7,
     "dpforward": 7,
     "embedding": 7,
+    "backdoor": 7,
     "byo": 8,
     # 9: the command line; 10: `python -m privacylab`
     "cli": 9,

@@ -9,6 +9,7 @@ from privacylab.cli import (  # noqa: F401  (register commands)
     account,
     attack,
     audit,
+    backdoor,
     defend,
     dpforward,
     embedding,

@@ -1,0 +1,1 @@
+"""The backdoor job: `privacylab attack backdoor` and `privacylab defend backdoor` (issue 17)."""

@@ -1,0 +1,1 @@
+"""`privacylab attack backdoor` and `privacylab defend backdoor`."""

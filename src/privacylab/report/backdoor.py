@@ -1,0 +1,1 @@
+"""The backdoor part of a report folder (issue 17)."""

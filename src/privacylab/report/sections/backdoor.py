@@ -1,0 +1,1 @@
+"""The backdoor section of the report page (issue 17)."""
