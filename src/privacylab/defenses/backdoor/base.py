@@ -97,7 +97,8 @@ class Mitigation:
 class Detection:
     """The verdict of one defence on one model.
 
-    `detected`: whether the model is judged backdoored; `flagged_class`: the class named as
+    `detected`: whether the model is judged backdoored (None for a method that only
+    mitigates and gives no verdict, e.g. fine-pruning); `flagged_class`: the class named as
     the backdoor's target (None when none or when the method cannot tell); `anomaly_index`:
     Neural Cleanse's largest index among classes below the median (None for other methods);
     `scores`: per-class or per-row numbers the verdict rests on; `flagged_rows`: indices of
@@ -105,7 +106,7 @@ class Detection:
     `details`: the method's own numbers (reverse-engineered triggers, thresholds, seeds)."""
 
     method: str
-    detected: bool
+    detected: bool | None
     flagged_class: int | None = None
     anomaly_index: float | None = None
     scores: dict[str, Any] = field(default_factory=dict)
@@ -118,7 +119,7 @@ class Detection:
         """JSON-ready form without the model and filter."""
         return {
             "method": self.method,
-            "detected": bool(self.detected),
+            "detected": None if self.detected is None else bool(self.detected),
             "flagged_class": self.flagged_class,
             "anomaly_index": self.anomaly_index,
             "scores": self.scores,
