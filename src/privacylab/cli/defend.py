@@ -1,5 +1,6 @@
 """`privacylab defend`: evaluate defences against membership inference, adaptively, on one
-privacy–utility frontier."""
+privacy–utility frontier (the group's own command, run when no sub-command is given); its
+sub-commands defend against other attacks (`privacylab defend backdoor`, `cli/backdoor.py`)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,16 @@ from privacylab.cli._common import (
     app,
 )
 
+defend_app = typer.Typer(
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+app.add_typer(defend_app, name="defend")
 
-@app.command("defend")
+
+@defend_app.callback(invoke_without_command=True)
 def defend_command(
+    ctx: typer.Context,
     out: Annotated[
         Path,
         typer.Option("--out", help="Report folder (results.json, index.html).", parser=_path_arg),
@@ -85,7 +93,10 @@ def defend_command(
     """Train the undefended target and one model per training-time defence, put each output
     defence in front of it, attack every defended model with the membership suite — adaptively
     (references queried through, or trained with, the defence) — and write the frontier report
-    to OUT; resumes after a kill and reuses every trained model."""
+    to OUT; resumes after a kill and reuses every trained model. Sub-command `backdoor`:
+    backdoor defences on a `privacylab attack backdoor` folder."""
+    if ctx.invoked_subcommand is not None:
+        return
 
     def run() -> None:
         from privacylab.defend import DEFAULT_DEFENSES, DefendConfig, run_defend
