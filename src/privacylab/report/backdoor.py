@@ -204,9 +204,11 @@ def verdict(block: Mapping[str, Any]) -> str:
         if z is not None:
             line += f"; backdoor z-score {fmt(z, 2)}"
         parts.append(line)
-    for run in mappings(block.get("defenses")):
-        if run.get("method") != NC_METHOD:
-            continue
+    runs = [r for r in mappings(block.get("defenses")) if r.get("method") == NC_METHOD]
+    if attacks and runs:
+        same = [r for r in runs if str(r.get("folder")) == str(top.get("folder"))]
+        runs = same or runs
+    for run in runs[:1]:
         flagged, target = run.get("flagged_class"), run.get("target_class")
         if flagged is None or not run.get("detected"):
             parts.append("Neural Cleanse found no backdoor")
@@ -216,7 +218,6 @@ def verdict(block: Mapping[str, Any]) -> str:
             parts.append(f"Neural Cleanse flagged class {flagged} (the target)")
         else:
             parts.append(f"Neural Cleanse flagged class {flagged} (not the target {target})")
-        break
     return "; ".join(parts) + "." if parts else "No backdoor run yet."
 
 

@@ -227,12 +227,29 @@ def _plain(key: Any) -> str:
     return "".join(ch for ch in str(key).lower() if ch.isalpha())
 
 
-def _value_cell(value: Any) -> str:
+_RATE_WORDS = ("asr", "accuracy", "rate", "success", "fpr", "frr", "far", "precision", "recall")
+"""A numeric column whose key holds one of these words and whose values lie in [0, 1] is shown
+as percentages."""
+
+
+def _column_kind(key: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    values = [r.get(key) for r in rows]
+    numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not numbers:
+        return "text"
+    if any(w in key.lower() for w in _RATE_WORDS) and all(0 <= v <= 1 for v in numbers):
+        return "percent"
+    return "float" if any(isinstance(v, float) for v in numbers) else "int"
+
+
+def _value_cell(value: Any, kind: str = "") -> str:
     if isinstance(value, bool) or value is None:
         return text_cell(None if value is None else _yes_no(value))
-    if isinstance(value, int):
+    if isinstance(value, (int, float)) and kind == "percent":
+        return num_cell(value, percent(value))
+    if isinstance(value, int) and kind != "float":
         return num_cell(value, fmt_int(value))
-    if isinstance(value, float):
+    if isinstance(value, (int, float)):
         return num_cell(value, fmt(value, 3))
     if isinstance(value, (Mapping, list, tuple)):
         text = json.dumps(value, ensure_ascii=False, default=str)
@@ -247,8 +264,9 @@ def generic_table(name: str, rows: Sequence[Mapping[str, Any]]) -> str:
     for row in rows:
         keys += [str(k) for k in row if str(k) not in keys]
     columns = [(k, k.replace("_", " ")) for k in keys]
-    text = {k for k in keys if any(isinstance(r.get(k), str) for r in rows)}
-    body = ["<tr>" + "".join(_value_cell(r.get(k)) for k in keys) + "</tr>" for r in rows]
+    kinds = {k: _column_kind(k, rows) for k in keys}
+    text = {k for k in keys if kinds[k] == "text"}
+    body = ["<tr>" + "".join(_value_cell(r.get(k), kinds[k]) for k in keys) + "</tr>" for r in rows]
     return sortable_table(f"backdoor-table-{name}", columns, body, text=text, empty="no rows")
 
 
@@ -263,6 +281,7 @@ def trojan_table(rows: Sequence[Mapping[str, Any]]) -> str:
             for k in row
             if _plain(k) not in plain_keys and k not in _LABEL_KEYS and str(k) not in extra
         ]
+    kinds = {k: _column_kind(k, rows) for k in extra}
     columns = [("row", "row", "what the row varies")]
     columns += [(name, name, tip) for name, _, tip in TROJAN_COLUMNS]
     columns += [(k, k.replace("_", " "), "") for k in extra]
@@ -274,9 +293,9 @@ def trojan_table(rows: Sequence[Mapping[str, Any]]) -> str:
         for _, keys, _ in TROJAN_COLUMNS:
             value = next((by_plain[k] for k in keys if k in by_plain), None)
             cells.append(num_cell(value, percent(value)))
-        cells += [_value_cell(row.get(k)) for k in extra]
+        cells += [_value_cell(row.get(k), kinds[k]) for k in extra]
         body.append("<tr>" + "".join(cells) + "</tr>")
-    text = {"row"} | {k for k in extra if any(isinstance(r.get(k), str) for r in rows)}
+    text = {"row"} | {k for k in extra if kinds[k] == "text"}
     return sortable_table("backdoor-trojan", columns, body, text=text, empty="no rows")
 
 
