@@ -1,0 +1,531 @@
+"""Neural Cleanse: reverse-engineer a trigger per class, flag the class whose trigger is
+anomalously small, and unlearn it.
+
+Wang et al. 2019, "Neural Cleanse: Identifying and Mitigating Backdoor Attacks in Neural
+Networks", IEEE S&P.
+
+- Sec. IV-B, Eq. 2-3: for each class c, a mask m (H, W) and a pattern p (C, H, W) stamp
+  A(x, m, p) = (1 − m) ⊙ x + m ⊙ p and are optimised on clean data to
+  min CE(f(A(x, m, p)), c) + λ·|m|_1. Here m = sigmoid(a), p = sigmoid(b) (the paper's code
+  uses tanh/2 + 1/2, the same squashing), with Adam.
+- λ follows the paper's adaptive schedule (its released code): it starts at `init_cost`; after
+  `patience` epochs in a row whose reversed trigger reaches `success` on the clean data λ is
+  multiplied by `cost_multiplier`, after `patience` epochs in a row below it λ is divided by
+  `cost_multiplier ** 1.5`. The smallest-norm mask that reached `success` is kept (a class that
+  never reaches it keeps its last mask and is reported with `reached = False`).
+- Sec. IV-C: the anomaly index of the L1 norms (MAD with 1.4826,
+  `privacylab.stats.backdoor.anomaly_index`); classes *below* the median with an index above
+  `threshold` (2: a 95% outlier under normality) are flagged; the flagged class with the
+  smallest norm is named as the target.
+- Sec. VI-C, unlearning: a copy of the model is fine-tuned on the clean data where a share
+  (`unlearn_fraction`, 20% in the paper) of the rows carry the reversed trigger of the flagged
+  class with their true labels.
+
+All K classes are optimised together in one batched forward pass: the loss is a sum of K
+independent terms and Adam is element-wise, so this is exactly K separate optimisations sharing
+the mini-batch draws, at the cost of one.
+
+Neural Cleanse varies from run to run and flags clean models too (an anomaly index > 2 without
+a backdoor is common on small models). It therefore runs over `seeds` independent restarts
+(initial masks and batch order); the verdict is the majority, the reported anomaly index the
+lower median of the per-seed indices (above `threshold` exactly when a majority is), and every
+seed's norms, indices and verdict are in `details["per_seed"]`, so a benchmark can state the
+false-positive rate over clean models and seeds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from privacylab.data import Dataset
+from privacylab.defenses.backdoor.base import (
+    BackdoorDefense,
+    BackdoorDefenseError,
+    BackdoorEvidence,
+    Detection,
+    Mitigation,
+    register_backdoor_defense,
+)
+from privacylab.stats.backdoor import anomaly_index
+
+__all__ = ["NeuralCleanse", "ReversedTriggers", "reverse_triggers", "stamp_reversed"]
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
+        raise BackdoorDefenseError(
+            f"neural-cleanse: {name} must be a whole number >= 1, got {value!r}"
+        )
+    return int(value)
+
+
+def _positive_float(name: str, value: object, upper: float | None = None) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise BackdoorDefenseError(
+            f"neural-cleanse: {name} must be a number, got {value!r}"
+        ) from None
+    if not np.isfinite(number) or number <= 0 or (upper is not None and number > upper):
+        where = f"in (0, {upper:g}]" if upper is not None else "> 0"
+        raise BackdoorDefenseError(f"neural-cleanse: {name} must be {where}, got {value!r}")
+    return number
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def stamp_reversed(inputs: Tensor, mask: Tensor, pattern: Tensor) -> Tensor:
+    """Neural Cleanse's Eq. 2, A(x, m, p) = (1 − m) ⊙ x + m ⊙ p, for `inputs` (n, C, H, W),
+    `mask` (H, W) and `pattern` (C, H, W) in [0, 1]."""
+    mask = mask.to(inputs)
+    return (1 - mask) * inputs + mask * pattern.to(inputs)
+
+
+class ReversedTriggers:
+    """One restart's reverse-engineered triggers: `masks` (K, H, W), `patterns` (K, C, H, W),
+    `norms` (K,) L1 norms of the kept masks, `success` (K,) their attack success on the clean
+    rows, `reached` (K,) whether `success` reached the threshold, `costs` (K,) the final λ."""
+
+    def __init__(
+        self,
+        masks: Tensor,
+        patterns: Tensor,
+        norms: np.ndarray,
+        success: np.ndarray,
+        reached: np.ndarray,
+        costs: np.ndarray,
+    ) -> None:
+        self.masks = masks
+        self.patterns = patterns
+        self.norms = norms
+        self.success = success
+        self.reached = reached
+        self.costs = costs
+
+
+def _success(
+    model: nn.Module, inputs: Tensor, masks: Tensor, patterns: Tensor, classes: Tensor
+) -> np.ndarray:
+    """Per class, the share of `inputs` stamped with its trigger classified as that class."""
+    with torch.no_grad():
+        k = len(classes)
+        stamped = (1 - masks[:, None]) * inputs[None] + (masks * patterns)[:, None]
+        logits = model(stamped.flatten(0, 1)).view(k, len(inputs), -1)
+        hits = logits.argmax(-1) == classes[:, None]
+    return hits.float().mean(1).cpu().numpy()
+
+
+def reverse_triggers(
+    model: nn.Module,
+    inputs: Tensor,
+    classes: list[int],
+    *,
+    seed: int = 0,
+    epochs: int = 30,
+    steps_per_epoch: int = 10,
+    batch_size: int = 32,
+    lr: float = 0.1,
+    init_cost: float = 1e-3,
+    cost_multiplier: float = 1.5,
+    patience: int = 5,
+    success: float = 0.99,
+    eval_rows: int = 256,
+) -> ReversedTriggers:
+    """Wang et al. 2019, Sec. IV-B (Eq. 3) with the adaptive λ of the module docstring: the
+    smallest trigger (mask, pattern) sending clean `inputs` (n, C, H, W) to each of `classes`,
+    all optimised at once (see the module docstring), seeded by `seed`. `model` is only read
+    (eval mode, gradients to its parameters are never taken)."""
+    device = _device(model)
+    generator = torch.Generator().manual_seed(int(seed))
+    n, channels, height, width = inputs.shape
+    k = len(classes)
+    target = torch.tensor(classes, dtype=torch.int64, device=device)
+
+    def logit(u: Tensor) -> Tensor:
+        u = u.clamp(0.02, 0.98)
+        return torch.log(u) - torch.log1p(-u)
+
+    a = logit(torch.rand(k, 1, height, width, generator=generator)).to(device).requires_grad_()
+    b = logit(torch.rand(k, channels, height, width, generator=generator)).to(device)
+    b.requires_grad_()
+    optimizer = torch.optim.Adam([a, b], lr=lr, betas=(0.5, 0.9))
+    check = inputs[torch.randperm(n, generator=generator)[: min(n, eval_rows)]].to(device)
+
+    costs = np.full(k, float(init_cost))
+    up = np.zeros(k, dtype=int)
+    down = np.zeros(k, dtype=int)
+    best_norm = np.full(k, np.inf)
+    best_success = np.zeros(k)
+    best_masks = torch.zeros(k, height, width)
+    best_patterns = torch.zeros(k, channels, height, width)
+    last_success = np.zeros(k)
+
+    was_training = model.training
+    model.eval()
+    flags = [p.requires_grad for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    try:
+        order = torch.randperm(n, generator=generator)
+        cursor = 0
+        for _ in range(epochs):
+            for _ in range(steps_per_epoch):
+                if cursor + batch_size > n:
+                    order = torch.randperm(n, generator=generator)
+                    cursor = 0
+                batch = inputs[order[cursor : cursor + batch_size]].to(device)
+                cursor += batch_size
+                masks = torch.sigmoid(a)
+                patterns = torch.sigmoid(b)
+                stamped = (1 - masks[:, None]) * batch[None] + (masks * patterns)[:, None]
+                logits = model(stamped.flatten(0, 1)).view(k, len(batch), -1)
+                ce = nn.functional.cross_entropy(
+                    logits.flatten(0, 1), target.repeat_interleave(len(batch)), reduction="none"
+                ).view(k, -1)
+                lam = torch.as_tensor(costs, dtype=masks.dtype, device=device)
+                loss = (ce.mean(1) + lam * masks.flatten(1).sum(1)).sum()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            with torch.no_grad():
+                masks = torch.sigmoid(a)[:, 0]
+                patterns = torch.sigmoid(b)
+            rate = _success(model, check, masks[:, None], patterns, target)
+            last_success = rate
+            norms = masks.flatten(1).sum(1).cpu().numpy()
+            improved = (rate >= success) & (norms < best_norm)
+            for c in np.flatnonzero(improved):
+                best_norm[c] = norms[c]
+                best_success[c] = rate[c]
+                best_masks[c] = masks[c].cpu()
+                best_patterns[c] = patterns[c].cpu()
+            hit = rate >= success
+            up = np.where(hit, up + 1, 0)
+            down = np.where(hit, 0, down + 1)
+            costs = np.where(up >= patience, costs * cost_multiplier, costs)
+            costs = np.where(down >= patience, costs / cost_multiplier**1.5, costs)
+            up = np.where(up >= patience, 0, up)
+            down = np.where(down >= patience, 0, down)
+    finally:
+        for p, flag in zip(model.parameters(), flags, strict=True):
+            p.requires_grad_(flag)
+        model.train(was_training)
+
+    reached = np.isfinite(best_norm)
+    with torch.no_grad():
+        final_masks = torch.sigmoid(a)[:, 0].cpu()
+        final_patterns = torch.sigmoid(b).cpu()
+    for c in np.flatnonzero(~reached):
+        best_masks[c] = final_masks[c]
+        best_patterns[c] = final_patterns[c]
+        best_norm[c] = float(final_masks[c].sum())
+        best_success[c] = last_success[c]
+    return ReversedTriggers(best_masks, best_patterns, best_norm, best_success, reached, costs)
+
+
+def _rounded(values: Tensor | np.ndarray, digits: int = 4) -> list[Any]:
+    array = values.numpy() if isinstance(values, Tensor) else np.asarray(values)
+    return np.round(array.astype(np.float64), digits).tolist()
+
+
+@register_backdoor_defense
+class NeuralCleanse(BackdoorDefense):
+    """Neural Cleanse (Wang et al. 2019, S&P): detection by reverse-engineered trigger norms
+    and the MAD anomaly index (Sec. IV), mitigation by unlearning (Sec. VI-C).
+
+    Options: `seeds` restarts (majority verdict); per restart `epochs` × `steps_per_epoch`
+    Adam steps of `batch_size` clean rows at learning rate `lr`; λ schedule `init_cost`,
+    `cost_multiplier`, `patience`, attack-success threshold `success`; anomaly `threshold`;
+    `classes` to inspect (None: all); `max_rows` clean rows used (None: all); `mitigate`
+    (unlearn when a backdoor is detected) with `unlearn_epochs`, `unlearn_fraction`,
+    `unlearn_lr`, `unlearn_batch`; `seed` offsets every draw (with the evidence's seed)."""
+
+    name = "neural-cleanse"
+    paper = (
+        "Wang et al. 2019, Neural Cleanse: Identifying and Mitigating Backdoor Attacks in "
+        "Neural Networks (IEEE S&P), Sec. IV-B Eq. 2-3, IV-C, VI-C"
+    )
+    needs = ("clean-data",)
+
+    def __init__(
+        self,
+        *,
+        seeds: int = 3,
+        epochs: int = 30,
+        steps_per_epoch: int = 10,
+        batch_size: int = 32,
+        lr: float = 0.1,
+        init_cost: float = 1e-3,
+        cost_multiplier: float = 1.5,
+        patience: int = 5,
+        success: float = 0.99,
+        threshold: float = 2.0,
+        classes: list[int] | None = None,
+        max_rows: int | None = None,
+        mitigate: bool = True,
+        unlearn_epochs: int = 10,
+        unlearn_fraction: float = 0.2,
+        unlearn_lr: float = 3e-3,
+        unlearn_batch: int = 32,
+        seed: int = 0,
+    ) -> None:
+        self.seeds = _positive_int("seeds", seeds)
+        self.epochs = _positive_int("epochs", epochs)
+        self.steps_per_epoch = _positive_int("steps_per_epoch", steps_per_epoch)
+        self.batch_size = _positive_int("batch_size", batch_size)
+        self.lr = _positive_float("lr", lr)
+        self.init_cost = _positive_float("init_cost", init_cost)
+        self.cost_multiplier = _positive_float("cost_multiplier", cost_multiplier)
+        if self.cost_multiplier <= 1.0:
+            raise BackdoorDefenseError(
+                f"neural-cleanse: cost_multiplier must be > 1, got {cost_multiplier!r}"
+            )
+        self.patience = _positive_int("patience", patience)
+        self.success = _positive_float("success", success, upper=1.0)
+        self.threshold = _positive_float("threshold", threshold)
+        if classes is not None:
+            if isinstance(classes, (str, bytes)) or not all(
+                isinstance(c, (int, np.integer)) and not isinstance(c, bool) and c >= 0
+                for c in classes
+            ):
+                raise BackdoorDefenseError(
+                    "neural-cleanse: classes must be a list of class indices >= 0"
+                )
+            if len(set(int(c) for c in classes)) < 2:
+                raise BackdoorDefenseError("neural-cleanse: classes must name at least 2 classes")
+            classes = sorted(set(int(c) for c in classes))
+        self.classes = classes
+        self.max_rows = None if max_rows is None else _positive_int("max_rows", max_rows)
+        if not isinstance(mitigate, bool):
+            raise BackdoorDefenseError(
+                f"neural-cleanse: mitigate must be true or false, got {mitigate!r}"
+            )
+        self.mitigate = mitigate
+        self.unlearn_epochs = _positive_int("unlearn_epochs", unlearn_epochs)
+        self.unlearn_fraction = _positive_float("unlearn_fraction", unlearn_fraction, upper=1.0)
+        self.unlearn_lr = _positive_float("unlearn_lr", unlearn_lr)
+        self.unlearn_batch = _positive_int("unlearn_batch", unlearn_batch)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise BackdoorDefenseError(
+                f"neural-cleanse: seed must be a whole number >= 0, got {seed!r}"
+            )
+        self.seed = int(seed)
+
+    def options(self) -> dict[str, Any]:
+        """The configuration, JSON-ready."""
+        return {
+            "seeds": self.seeds,
+            "epochs": self.epochs,
+            "steps_per_epoch": self.steps_per_epoch,
+            "batch_size": self.batch_size,
+            "lr": self.lr,
+            "init_cost": self.init_cost,
+            "cost_multiplier": self.cost_multiplier,
+            "patience": self.patience,
+            "success": self.success,
+            "threshold": self.threshold,
+            "classes": self.classes,
+            "max_rows": self.max_rows,
+            "mitigate": self.mitigate,
+            "unlearn_epochs": self.unlearn_epochs,
+            "unlearn_fraction": self.unlearn_fraction,
+            "unlearn_lr": self.unlearn_lr,
+            "unlearn_batch": self.unlearn_batch,
+            "seed": self.seed,
+        }
+
+    def _clean(self, evidence: BackdoorEvidence) -> Dataset:
+        evidence.require(self.name, self.needs)
+        clean = evidence.clean
+        assert clean is not None
+        if clean.features.dim() != 4:
+            raise BackdoorDefenseError(
+                "neural-cleanse needs image inputs (n, C, H, W), got clean data of shape "
+                f"{tuple(clean.features.shape)}"
+            )
+        if self.max_rows is not None and len(clean) > self.max_rows:
+            rows = np.random.default_rng(evidence.seed + self.seed).permutation(len(clean))
+            clean = clean.subset(np.sort(rows[: self.max_rows]))
+        return clean
+
+    def verdict(self, norms: np.ndarray) -> dict[str, Any]:
+        """Sec. IV-C on one restart's `norms`: per-class anomaly indices, the largest index
+        below the median, the flagged classes (below the median, index > threshold) and the
+        flagged class with the smallest norm."""
+        index = anomaly_index(norms)
+        below = norms < np.median(norms)
+        largest = float(index[below].max()) if below.any() else 0.0
+        flagged = np.flatnonzero(below & (index > self.threshold))
+        named = int(flagged[np.argmin(norms[flagged])]) if flagged.size else None
+        return {
+            "anomaly_index": index,
+            "index": largest,
+            "flagged": flagged.tolist(),
+            "flagged_class": named,
+            "detected": bool(flagged.size),
+        }
+
+    def inspect(self, model: nn.Module, evidence: BackdoorEvidence) -> Detection:
+        """Reverse-engineer every class's trigger over `seeds` restarts, flag by the anomaly
+        index, majority verdict, and (if detected and `mitigate`) unlearn on a copy."""
+        start = time.perf_counter()
+        clean = self._clean(evidence)
+        k = evidence.num_classes
+        classes = list(range(k)) if self.classes is None else self.classes
+        if max(classes) >= k:
+            raise BackdoorDefenseError(
+                f"neural-cleanse: class {max(classes)} outside the model's {k} classes"
+            )
+        if len(clean) < 2:
+            raise BackdoorDefenseError("neural-cleanse needs at least 2 clean rows")
+        batch = min(self.batch_size, len(clean))
+        runs: list[ReversedTriggers] = []
+        verdicts: list[dict[str, Any]] = []
+        for s in range(self.seeds):
+            run_seed = 1_000_003 * (evidence.seed + self.seed) + s
+            run = reverse_triggers(
+                model,
+                clean.features,
+                classes,
+                seed=run_seed,
+                epochs=self.epochs,
+                steps_per_epoch=self.steps_per_epoch,
+                batch_size=batch,
+                lr=self.lr,
+                init_cost=self.init_cost,
+                cost_multiplier=self.cost_multiplier,
+                patience=self.patience,
+                success=self.success,
+            )
+            runs.append(run)
+            verdicts.append(self.verdict(run.norms))
+
+        votes = sum(v["detected"] for v in verdicts)
+        detected = votes * 2 > self.seeds
+        indices = sorted(v["index"] for v in verdicts)
+        index = float(indices[(self.seeds + 1) // 2 - 1])
+        named = [v["flagged_class"] for v in verdicts if v["flagged_class"] is not None]
+        flagged_class: int | None = None
+        if detected and named:
+            counts = Counter(named)
+            top = max(counts.values())
+            tied = [c for c, n in counts.items() if n == top]
+            mean_norm = {c: float(np.mean([r.norms[c] for r in runs])) for c in tied}
+            flagged_class = classes[min(tied, key=lambda c: mean_norm[c])]
+        chosen = next(
+            (
+                s
+                for s, v in enumerate(verdicts)
+                if v["detected"] == detected
+                and (
+                    flagged_class is None
+                    or (
+                        v["flagged_class"] is not None
+                        and classes[v["flagged_class"]] == flagged_class
+                    )
+                )
+            ),
+            0,
+        )
+        run = runs[chosen]
+        median_norms = np.median(np.stack([r.norms for r in runs]), axis=0)
+        where = None if flagged_class is None else classes.index(flagged_class)
+
+        mitigation: Mitigation | None = None
+        if self.mitigate and detected and where is not None:
+            repaired = self.unlearn(
+                model, clean, run.masks[where], run.patterns[where], evidence.seed
+            )
+            mitigation = Mitigation(
+                model=repaired,
+                description=(
+                    f"unlearning (Wang et al. Sec. VI-C): {self.unlearn_epochs} epochs on "
+                    f"{len(clean)} clean rows, {self.unlearn_fraction:.0%} stamped with the "
+                    f"reversed trigger of class {flagged_class} and kept at their true labels"
+                ),
+            )
+        elif self.mitigate:
+            mitigation = Mitigation(description="no backdoor detected: the model is kept")
+
+        per_seed = [
+            {
+                "seed": s,
+                "norms": _rounded(r.norms),
+                "anomaly_index": _rounded(v["anomaly_index"]),
+                "index": round(v["index"], 6),
+                "flagged": [classes[c] for c in v["flagged"]],
+                "flagged_class": None
+                if v["flagged_class"] is None
+                else classes[v["flagged_class"]],
+                "detected": v["detected"],
+                "success": _rounded(r.success),
+                "reached": r.reached.tolist(),
+                "costs": [float(c) for c in r.costs],
+            }
+            for s, (r, v) in enumerate(zip(runs, verdicts, strict=True))
+        ]
+        details: dict[str, Any] = {
+            "paper": self.paper,
+            "options": self.options(),
+            "classes": classes,
+            "norms": _rounded(median_norms),
+            "per_seed": per_seed,
+            "votes": int(votes),
+            "false_positive_note": (
+                "Neural Cleanse also flags clean models (index > 2) and varies run to run; "
+                "per-seed verdicts are in per_seed"
+            ),
+            "trigger_seed": chosen,
+            "triggers": [_rounded(m) for m in run.masks],
+            "flagged_pattern": None if where is None else _rounded(run.patterns[where]),
+            "clean_rows": len(clean),
+        }
+        return Detection(
+            method=self.name,
+            detected=detected,
+            flagged_class=flagged_class,
+            anomaly_index=index,
+            scores={
+                "norms": _rounded(median_norms),
+                "anomaly_index": _rounded(anomaly_index(median_norms)),
+            },
+            mitigation=mitigation,
+            seconds=time.perf_counter() - start,
+            details=details,
+        )
+
+    def unlearn(
+        self, model: nn.Module, clean: Dataset, mask: Tensor, pattern: Tensor, seed: int = 0
+    ) -> nn.Module:
+        """Wang et al. Sec. VI-C: a copy of `model` fine-tuned (Adam) on `clean`, a seeded
+        `unlearn_fraction` of whose rows carry the reversed trigger (`mask`, `pattern`) with
+        their true labels, so the model learns the trigger means nothing."""
+        device = _device(model)
+        repaired = self.copy_model(model)
+        generator = torch.Generator().manual_seed(1_000_003 * (seed + self.seed) + 7919)
+        n = len(clean)
+        stamped = torch.rand(n, generator=generator) < self.unlearn_fraction
+        x = clean.features.clone()
+        x[stamped] = stamp_reversed(x[stamped], mask, pattern)
+        y = clean.labels
+        optimizer = torch.optim.Adam(
+            [p for p in repaired.parameters() if p.requires_grad], lr=self.unlearn_lr
+        )
+        repaired.train()
+        for _ in range(self.unlearn_epochs):
+            order = torch.randperm(n, generator=generator)
+            for begin in range(0, n, self.unlearn_batch):
+                rows = order[begin : begin + self.unlearn_batch]
+                optimizer.zero_grad()
+                loss = nn.functional.cross_entropy(repaired(x[rows].to(device)), y[rows].to(device))
+                loss.backward()
+                optimizer.step()
+        return repaired.eval()
