@@ -94,10 +94,14 @@ def nc_run(folder: str, flagged: int | None = 0, target: int = 0, **over: Any) -
     masks = []
     for k in range(10):
         mask = np.zeros((SIDE, SIDE))
-        mask[:5, :6] = 0.1 * (k + 1)
+        mask[:5, :6] = 0.9 if k == flagged else 0.1 * (k + 1)
         masks.append(mask.tolist())
     if flagged is not None:
         norms[flagged] = 6.0
+    per_seed = [
+        {"seed": s, "norms": [n + 0.5 * s * (k % 2) for k, n in enumerate(norms)]} for s in range(3)
+    ]
+    pattern = np.full((1, SIDE, SIDE), 0.5)
     entry = {
         "method": "neural-cleanse",
         "folder": folder,
@@ -109,7 +113,13 @@ def nc_run(folder: str, flagged: int | None = 0, target: int = 0, **over: Any) -
         "before": {"accuracy": 0.97, "asr": 0.99},
         "after": {"accuracy": 0.96, "asr": 0.013, "rejected_clean": None},
         "seconds": 40.0,
-        "details": {"triggers": masks, "norms": norms},
+        "details": {
+            "classes": list(range(10)),
+            "triggers": masks,
+            "norms": norms,
+            "per_seed": per_seed,
+            "flagged_pattern": None if flagged is None else pattern.tolist(),
+        },
     }
     entry.update(over)
     return entry
@@ -205,7 +215,7 @@ def test_every_linked_picture_exists_and_decodes(report: Path) -> None:
     }
     names |= set(block["images"].values())
     assert links == names
-    assert len(links) == 3 + 2 + 2 + 2  # badnets 3, trojan trigger + grid, NC 2, curves 2
+    assert len(links) == 3 + 2 + 3 + 2  # badnets 3, trojan trigger + grid, NC 3, curves 2
     for name in links:
         assert safe_name(name)
         pixels = imread(report / name)
@@ -263,8 +273,14 @@ def test_neural_cleanse_bars_are_the_mad_anomaly_index(report: Path) -> None:
     run = next(
         d for d in _results(report)["backdoor"]["defenses"] if d["method"] == "neural-cleanse"
     )
-    assert set(run["images"]) == {"masks", "anomaly"}
+    assert set(run["images"]) == {"masks", "anomaly", "flagged_trigger"}
     assert run["details"]["triggers"] == "drawn" and run["details"]["norms"][0] == 6.0
+    assert run["details"]["flagged_pattern"] == "drawn"
+    flagged = imread(report / run["images"]["flagged_trigger"])[..., 0]
+    scale = DISPLAY_PIXELS // SIDE
+    want = np.zeros((SIDE, SIDE))
+    want[:5, :6] = 0.5 * 0.9  # the flagged class's mask times the pattern 0.5
+    np.testing.assert_allclose(flagged[::scale, ::scale], want, atol=2.5 / 255)
     norms = np.array(run["details"]["norms"])
     median = np.median(norms)
     by_hand = np.abs(norms - median) / (1.4826 * np.median(np.abs(norms - median)))
@@ -274,6 +290,14 @@ def test_neural_cleanse_bars_are_the_mad_anomaly_index(report: Path) -> None:
     ax = fig.axes[0]
     heights = [p.get_height() for p in ax.patches]
     np.testing.assert_allclose(heights, by_hand, rtol=1e-12)
+    seeds = []
+    for r in run["details"]["per_seed"]:
+        x = np.array(r["norms"])
+        dev = np.abs(x - np.median(x))
+        seeds.append(dev / (1.4826 * np.median(dev)))
+    np.testing.assert_allclose(anomaly["low"], np.min(seeds, axis=0), rtol=1e-12)
+    np.testing.assert_allclose(anomaly["high"], np.max(seeds, axis=0), rtol=1e-12)
+    assert len(ax.collections) == 1, "whiskers: min and max over Neural Cleanse's seeds"
     lines = [ln for ln in ax.get_lines() if ln.get_linestyle() == "--"]
     assert [tuple(ln.get_ydata()) for ln in lines] == [(NC_THRESHOLD, NC_THRESHOLD)]
     red = [
@@ -310,6 +334,8 @@ def test_masks_row_outlines_only_the_flagged_class() -> None:
     assert widths[2] == 3.0 and all(w < 3.0 for i, w in enumerate(widths) if i != 2)
     assert fig.axes[0].get_title().startswith("class 0 (target)")
     assert fig.axes[3].get_title() == f"class 3\n|m|₁={np.abs(masks[3][1]).sum():.3g}"
+    relabelled = nc_masks({"classes": [5, 7], "triggers": [m[1].tolist() for m in masks[:2]]})
+    assert [k for k, _ in relabelled] == [5, 7]
     variants = (
         {"triggers": {"masks": {"1": masks[1][1].tolist(), "0": masks[0][1].tolist()}}},
         {"triggers": [{"mask": [m[1].tolist()]} for m in masks[:2]]},
@@ -346,11 +372,11 @@ def test_contrastive_series_average_seeds_per_number_of_poisons() -> None:
 
 def test_merge_replaces_by_key_and_keeps_everything_else(tmp_path: Path) -> None:
     (tmp_path / "results.json").write_text(json.dumps({"title": "mine", "other": {"x": 1}}))
-    add_backdoor_run(tmp_path, {"attack": attack("runs/a")})
-    add_backdoor_run(tmp_path, {"attack": attack("runs/b", asr=0.5)})
-    add_backdoor_run(tmp_path, {"attack": attack("runs/a", asr=0.61)})
+    add_backdoor_run(tmp_path, {"attack": attack("runs/a", images={})})
+    add_backdoor_run(tmp_path, {"attack": attack("runs/b", asr=0.5, images={})})
+    add_backdoor_run(tmp_path, {"attack": attack("runs/a", asr=0.61, images={})})
     add_backdoor_run(tmp_path, {"defense": strip_run("runs/a")})
-    add_backdoor_run(tmp_path, {"defense": nc_run("runs/a")})
+    add_backdoor_run(tmp_path, {"defense": nc_run("runs/a", details={})})
     add_backdoor_run(tmp_path, {"defense": dict(strip_run("runs/a"), seconds=9.0)})
     add_backdoor_run(tmp_path, {"tables": {"badnets": TABLES["badnets"]}})
     add_backdoor_run(tmp_path, {"tables": {"trojan": TABLES["trojan"]}})
@@ -458,5 +484,5 @@ def test_page_renders_in_chromium_with_every_image(report: Path, chromium: str) 
     probe, console = _render(chromium, report / "index.html", report / "profile")
     assert probe["errors"] == [] and console == []
     images = [i for i in probe["images"] if "backdoor-" in i["src"]]
-    assert len(images) == 9 and all(i["loaded"] and i["shown"] > 0 for i in images)
+    assert len(images) == 10 and all(i["loaded"] and i["shown"] > 0 for i in images)
     assert probe["verdicts"][0]["text"].startswith("Backdoored: ASR 99.2%")

@@ -12,9 +12,11 @@ defend backdoor` and the benchmarks call. `payload` is one of
   "inverted_labels". A re-run of the same folder replaces the entry.
 - ``{"defense": entry}``: the `privacylab defend backdoor --json` object plus "folder"; keyed by
   (folder, method). A Neural Cleanse run's ``details["triggers"]`` (the reversed mask of
-  every class) and ``details["norms"]`` become two pictures: the masks in a row with the
-  flagged class outlined, and the anomaly index per class (Wang et al. 2019, "Neural Cleanse",
-  Sec. IV-C: |x - median| / (1.4826 MAD) of the masks' L1 norms) against the threshold 2.
+  every class) and ``details["norms"]`` become pictures: the masks in a row with the flagged
+  class outlined, the flagged class's reversed trigger (its mask times
+  ``details["flagged_pattern"]``), and the anomaly index per class (Wang et al. 2019, "Neural
+  Cleanse", Sec. IV-C: |x - median| / (1.4826 MAD) of the masks' L1 norms) against the
+  threshold 2.
 - ``{"tables": {name: [row, ...]}}``: a benchmark's table, replaced by name. "contrastive"
   rows (keys "poisons", "asr", "z_score", and series keys such as "position", "patch_size",
   "dataset_size", "method") draw ASR and z-score against the number of poisoned pairs
@@ -264,9 +266,10 @@ def inverted_grid_plot(images: Sequence[np.ndarray], labels: Sequence[Any] = ())
 
 def nc_masks(details: Mapping[str, Any]) -> list[tuple[int, np.ndarray]]:
     """(class, reversed mask) pairs from a Neural Cleanse run's ``details["triggers"]``: a list
-    indexed by class, a mapping class -> mask, either of them under "masks", or per-class
-    mappings holding a "mask"; each mask (H, W) (a (1, H, W) or (C, H, W) mask is averaged
-    over channels). [] when there are none; `BackdoorReportError` on a malformed mask."""
+    indexed by class (or by position in ``details["classes"]``), a mapping class -> mask,
+    either of them under "masks", or per-class mappings holding a "mask"; each mask (H, W) (a
+    (1, H, W) or (C, H, W) mask is averaged over channels). [] when there are none;
+    `BackdoorReportError` on a malformed mask."""
     triggers = details.get("triggers")
     if isinstance(triggers, Mapping) and "masks" in triggers:
         triggers = triggers["masks"]
@@ -279,7 +282,11 @@ def nc_masks(details: Mapping[str, Any]) -> list[tuple[int, np.ndarray]]:
                 continue
         items.sort(key=lambda kv: kv[0])
     elif isinstance(triggers, (list, tuple)):
-        items = list(enumerate(triggers))
+        classes = details.get("classes")
+        if isinstance(classes, (list, tuple)) and len(classes) == len(triggers):
+            items = list(zip(classes, triggers, strict=True))
+        else:
+            items = list(enumerate(triggers))
     else:
         return []
     out = []
@@ -315,20 +322,20 @@ def nc_anomaly(details: Mapping[str, Any]) -> dict[str, Any] | None:
     """Per class, from the masks' L1 norms in ``details["norms"]`` (one list per class, or one
     per seed: (seeds, classes)): the anomaly index of each seed's norms
     (`stats.backdoor.anomaly_index`), its mean over seeds ("index"), min and max ("low",
-    "high"), and whether the class lies below the median norm ("below": the only side Neural
-    Cleanse flags); None when there are no usable norms."""
+    "high"; from ``details["per_seed"][i]["norms"]`` when "norms" is one list, as Neural
+    Cleanse's median over restarts gives it), and whether the class lies below the median norm
+    ("below": the only side Neural Cleanse flags); None when there are no usable norms."""
     rows = _norm_rows(details.get("norms"))
     if rows is None:
         return None
     indices = np.stack([anomaly_index(r) for r in rows])
     below = (rows < np.median(rows, axis=1, keepdims=True)).mean(axis=0) > 0.5
-    return {
-        "index": indices.mean(axis=0),
-        "low": indices.min(axis=0),
-        "high": indices.max(axis=0),
-        "below": below,
-        "norms": rows.mean(axis=0),
-    }
+    index, low, high = indices.mean(axis=0), indices.min(axis=0), indices.max(axis=0)
+    seeds = [_norm_rows(r.get("norms")) for r in mappings(details.get("per_seed"))]
+    if len(rows) == 1 and seeds and all(r is not None and r.shape == rows.shape for r in seeds):
+        per_seed = np.stack([anomaly_index(r[0]) for r in seeds if r is not None])
+        low, high = per_seed.min(axis=0), per_seed.max(axis=0)
+    return {"index": index, "low": low, "high": high, "below": below, "norms": rows.mean(axis=0)}
 
 
 def nc_masks_plot(
@@ -658,6 +665,16 @@ def _defense_files(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, byt
             details["anomaly_indices"] = [
                 None if not math.isfinite(v) else float(v) for v in anomaly["index"]
             ]
+        pattern = details.get("flagged_pattern")
+        where = [i for i, (k, _) in enumerate(masks) if k == flagged]
+        if pattern is not None and where:
+            picture = _image(pattern, "details['flagged_pattern']")
+            mask = masks[where[0]][1]
+            if picture.shape[-2:] == mask.shape:
+                drawn = np.clip(picture * mask, 0.0, 1.0)
+                files[f"{tag}-flagged.png"] = image_png(drawn, scale=_scale(drawn))
+                names["flagged_trigger"] = f"{tag}-flagged.png"
+            details["flagged_pattern"] = "drawn"
         if "triggers" in details:
             details["triggers"] = "drawn" if masks else None
     out = dict(entry)

@@ -402,6 +402,13 @@ def _nc_pictures(folder: Path, run: Mapping[str, Any]) -> str:
         ),
         figure(
             folder,
+            images.get("flagged_trigger"),
+            f"the reversed trigger of class {flagged}",
+            f"reversed trigger of class {flagged} (mask × pattern)",
+            "backdoor-image",
+        ),
+        figure(
+            folder,
             images.get("anomaly"),
             f"anomaly index per class with the threshold {NC_THRESHOLD:g}",
             f"Anomaly index per class (threshold {NC_THRESHOLD:g}, dashed)",
