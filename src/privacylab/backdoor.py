@@ -39,6 +39,7 @@ training rows, their precision and recall against the true poison rows.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -146,7 +147,9 @@ class BackdoorConfig:
     `trigger` in the spec grammar of `attacks.poisoning.trigger` (None: the method's own,
     `DEFAULT_TRIGGERS`), `target_class`, `mode` (all-to-one; all-to-all for badnets),
     `epsilon` (None: non-private victim; else DP-SGD at (ε, `delta`)), the row counts, `seed`,
-    `device`, and `recipe`: overrides of `VictimRecipe`'s fields (e.g. {"epochs": 5})."""
+    `device`, `recipe`: overrides of `VictimRecipe`'s fields (e.g. {"epochs": 5}), and
+    `attack_options`: more keyword options of the attack's constructor (e.g. the trojan's
+    {"selection": "random"}; for clip-*, of `run_contrastive`)."""
 
     dataset: str = "mnist5k"
     method: str = "badnets"
@@ -162,6 +165,7 @@ class BackdoorConfig:
     seed: int = 0
     device: str = "cpu"
     recipe: dict[str, Any] | None = None
+    attack_options: dict[str, Any] | None = None
 
     def validate(self) -> BackdoorConfig:
         """Check every field (not the dataset's own limits: `check_backdoor_config`); returns
@@ -212,6 +216,14 @@ class BackdoorConfig:
         if self.recipe is not None and not isinstance(self.recipe, dict):
             raise BackdoorError(
                 f"recipe must be an object of VictimRecipe fields, got {self.recipe!r}"
+            )
+        if self.attack_options is not None and not isinstance(self.attack_options, dict):
+            raise BackdoorError(f"attack options must be an object, got {self.attack_options!r}")
+        reserved = sorted(set(self.attack_options or {}) & {"trigger", "mode", "seed"})
+        if reserved:
+            raise BackdoorError(
+                f"attack options {', '.join(reserved)} have their own options (--trigger, "
+                "--mode, --seed)"
             )
         self.victim_recipe()
         return self
@@ -287,6 +299,11 @@ def check_backdoor_config(config: BackdoorConfig) -> Any:
         )
     if config.method not in CONTRASTIVE_METHODS:
         _sizes(info.size, config)
+    elif config.train_size + config.test_size > info.size:
+        raise BackdoorError(
+            f"{config.dataset} has {info.size} rows: --train-size {config.train_size} + "
+            f"--test-size {config.test_size} do not fit"
+        )
     spec = config.trigger_spec()
     if spec is not None:
         trigger = parse_trigger(spec)
@@ -294,7 +311,30 @@ def check_backdoor_config(config: BackdoorConfig) -> Any:
             trigger.check(tuple(info.input_shape))
         except PrivacylabError as error:
             raise BackdoorError(f"--trigger {spec}: {error}") from None
+    if config.method not in CONTRASTIVE_METHODS:
+        _make_attack(config)
     return info
+
+
+def _make_attack(config: BackdoorConfig) -> Any:
+    """The registered attack with the config's options (one line on unknown options)."""
+    from privacylab.attacks.poisoning import backdoor_class
+
+    cls = backdoor_class(config.method)
+    options = _attack_options(config)
+    _known_keywords(cls, options, config.method)
+    return cls(**options)
+
+
+def _known_keywords(fn: Callable[..., Any], options: Mapping[str, Any], what: str) -> None:
+    """One line naming the options `fn` does not take (and those it does)."""
+    parameters = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    unknown = sorted(set(options) - set(parameters))
+    if unknown:
+        takes = ", ".join(n for n in parameters if n not in ("self", "data", "progress"))
+        raise BackdoorError(f"{what} takes no option {', '.join(unknown)}; it takes {takes}")
 
 
 def _sizes(rows: int, config: BackdoorConfig) -> int:
@@ -519,7 +559,7 @@ def _add_to_report(folder: Path, payload: dict[str, Any], progress: Progress | N
 
 
 def _attack_options(config: BackdoorConfig) -> dict[str, Any]:
-    options: dict[str, Any] = {"seed": config.seed}
+    options: dict[str, Any] = {**(config.attack_options or {}), "seed": config.seed}
     if config.trigger is not None:
         options["trigger"] = config.trigger
     if config.method == "badnets":
@@ -580,7 +620,6 @@ def _classifier_game(
     from privacylab.attacks.poisoning import (
         PoisonTask,
         TrojanTask,
-        make_backdoor,
         run_poisoning,
         run_trojan,
     )
@@ -595,7 +634,7 @@ def _classifier_game(
     train, test, source = (data.subset(parts[k]) for k in ("train", "test", "source"))
     _tick(progress, "data", 1, 1)
     recipe = config.victim_recipe()
-    attack = make_backdoor(config.method, **_attack_options(config))
+    attack = _make_attack(config)
     checkpoints = folder / CHECKPOINTS_DIR
     trigger = getattr(attack, "trigger", None)
     clean_model, clean_summary = _trained(
@@ -706,12 +745,8 @@ def _contrastive(
     from privacylab.attacks.poisoning import parse_trigger
 
     data = load_dataset(config.dataset)
-    if config.train_size + config.test_size > len(data):
-        raise BackdoorError(
-            f"{config.dataset} has {len(data)} rows: --train-size {config.train_size} + "
-            f"--test-size {config.test_size} do not fit"
-        )
     options: dict[str, Any] = {
+        **(config.attack_options or {}),
         "data": data,
         "poisons": config.poison_budget(config.train_size),
         "target_class": config.target_class,
@@ -727,6 +762,7 @@ def _contrastive(
     if config.recipe and "epochs" in config.recipe:
         options["epochs"] = int(config.recipe["epochs"])
     _tick(progress, "attack", 0, 1)
+    _known_keywords(run_contrastive, options, config.method)
     outcome, _ = run_contrastive(config.method, **options)
     _tick(progress, "attack", 1, 1)
     result = _common(config, outcome.to_dict(), holdout=0, privacy=None, asr_bound=None)
@@ -860,6 +896,7 @@ def defend_backdoor(
     options and seed is reused unless `fresh`."""
     from privacylab.attacks.poisoning import target_labels
     from privacylab.defenses.backdoor import (
+        BACKDOOR_DEFENSES,
         BackdoorEvidence,
         backdoor_defense_names,
         evaluate_mitigation,
@@ -875,10 +912,8 @@ def defend_backdoor(
     config = BackdoorConfig.from_dict(_read_json(folder / CONFIG_FILE)).validate()
     chosen = dict(options or {})
     run_seed = config.seed if seed is None else _whole("--seed", seed, 0)
-    try:
-        defense = make_backdoor_defense(method, **chosen)
-    except TypeError as error:
-        raise BackdoorError(f"{method}: bad options {chosen}: {error}") from None
+    _known_keywords(BACKDOOR_DEFENSES.get(method), chosen, method)
+    defense = make_backdoor_defense(method, **chosen)
     store = folder / DEFENSES_DIR / f"{method}.json"
     if store.is_file() and not fresh:
         kept = _read_json(store)

@@ -129,6 +129,13 @@ def attack_backdoor_command(
             '{"widths": [64]}, "lr": 0.003}\'.',
         ),
     ] = None,
+    option: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--option",
+            help="An attack option KEY=VALUE (repeatable), e.g. selection=random for trojan.",
+        ),
+    ] = None,
     out: Annotated[
         Path,
         typer.Option("--out", help="Folder of the run (models, result, report).", parser=_path_arg),
@@ -170,6 +177,7 @@ def attack_backdoor_command(
             seed=seed,
             device=device,
             recipe=_recipe(recipe, epochs),
+            attack_options=_options(option) or None,
         )
         check_backdoor_config(config)
         console = _stderr()
