@@ -31,6 +31,7 @@ from privacylab.report.backdoor import (
     BackdoorReportError,
     add_backdoor_run,
     anomaly_plot,
+    attack_label,
     contrastive_series,
     nc_anomaly,
     nc_masks,
@@ -357,8 +358,19 @@ def test_tables_curves_and_published_numbers(report: Path) -> None:
     assert "published, CIFAR-10, PreAct-ResNet18".lower() in section.lower()
     assert "95% → 1.3%" in section
     assert "PreAct-ResNet18" in PUBLISHED_SOURCE
+    attacks = re.search(r'<table class="sortable backdoor-attacks">.*?</table>', section, re.S)
+    assert "35 (1.0%)" in attacks.group(0) and "97.1% (97.4%)" in attacks.group(0)
+    assert "99.2% (0.8%)" in attacks.group(0) and ">∞<" in attacks.group(0)
     defences = re.search(r'<table class="sortable backdoor-defenses">.*?</table>', section, re.S)
     assert "0 ✓" in defences.group(0) and "99% → 1.3%" in defences.group(0)
+
+
+def test_private_attack_shows_epsilon_and_the_group_privacy_bound(tmp_path: Path) -> None:
+    entry = attack("runs/dp", epsilon=8.0, delta=1e-5, asr=0.6, asr_bound=0.93, images={})
+    add_backdoor_run(tmp_path, {"attack": entry})
+    cell = re.search(r'<td data-sort="8.0"[^>]*>[^<]*</td>', _section(tmp_path)).group(0)
+    assert ">8 (δ=1e-05)<" in cell and "35 poisons: 93%" in cell
+    assert "DP-SGD ε=8" in attack_label(dict(entry, label=None))
 
 
 def test_contrastive_series_average_seeds_per_number_of_poisons() -> None:
@@ -472,7 +484,7 @@ def test_bad_payloads_are_one_line_and_write_nothing(
     assert not (tmp_path / "out").exists()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(st.text(min_size=1, max_size=60), st.text(min_size=1, max_size=60))
 def test_slug_is_a_safe_distinct_file_name(a: str, b: str) -> None:
     assert safe_name(slug(a)) and re.fullmatch(r"[A-Za-z0-9_-]+", slug(a))

@@ -130,7 +130,14 @@ def _epsilon_cell(entry: Mapping[str, Any]) -> str:
         return num_cell(float("inf"), "∞")
     delta = number(entry.get("delta"))
     text = f"{epsilon:.3g}" + ("" if delta is None else f" (δ={delta:.0e})")
-    return num_cell(epsilon, text)
+    bound = number(entry.get("asr_bound"))
+    title = (
+        ""
+        if bound is None
+        else f"group-privacy bound on the ASR for its {fmt_int(entry.get('poisons'))} poisons: "
+        f"{percent(min(1.0, bound))} (Jagielski et al. 2020, Lemma 1)"
+    )
+    return num_cell(epsilon, text, title=title)
 
 
 def _trigger_spec(entry: Mapping[str, Any]) -> str | None:
