@@ -3,9 +3,10 @@ embedding space (Radford et al. 2021, "Learning Transferable Visual Models From 
 Language Supervision", Sec. 2.3 and Fig. 3), and its zero-shot classifier (Sec. 3.1.2): the
 victim of Carlini & Terzis 2022 ("Poisoning and Backdooring Contrastive Learning", ICLR'22).
 
-- `DualEncoder`: f = a small CNN, g = word embeddings, masked mean pooling and an MLP; both
-  outputs L2-normalised; a learnable temperature, logit scale t initialised at 1/0.07 and
-  clamped at 100 (Radford et al. Sec. 2.5). `forward(images, ids)` = t · f(x) g(c)ᵀ, (B, B).
+- `DualEncoder`: f = a small CNN (two strided convolutions and an MLP), g = word embeddings,
+  masked mean pooling and an MLP; both outputs L2-normalised; a learnable temperature, logit
+  scale t initialised at 1/0.07 and clamped at 100 (Radford et al. Sec. 2.5);
+  `forward(images, ids)` = t · f(x) g(c)ᵀ, (B, B).
 - `clip_loss`: the symmetric InfoNCE loss of Fig. 3, per example: (CE of row i with label i +
   CE of column i with label i) / 2; its batch mean is CLIP's loss.
 - `ZeroShotClassifier`: images -> logits over classes, the class weights being the
@@ -40,23 +41,23 @@ MAX_LOGIT_SCALE = 100.0
 
 
 class _ImageEncoder(nn.Module):
-    """Conv(3x3)-ReLU-MaxPool blocks (two for images under 16 px, three otherwise), then a
-    two-layer MLP to `dim`."""
+    """Two strided 4x4 convolutions (each halves the side) with ReLU, then a two-layer MLP to
+    `dim`: cheap enough to train a few thousand pairs in seconds on a CPU."""
 
     def __init__(self, image_shape: tuple[int, int, int], dim: int, width: int) -> None:
         super().__init__()
         channels, height, width_px = image_shape
-        blocks = 2 if min(height, width_px) < 16 else 3
-        layers: list[nn.Module] = []
-        c_in = channels
-        for i in range(blocks):
-            c_out = width * (2 ** min(i, 1))
-            layers += [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
-            c_in = c_out
+        for _ in range(2):
             height, width_px = height // 2, width_px // 2
-        self.features = nn.Sequential(*layers, nn.Flatten())
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, width, 4, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 4, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Flatten(),
+        )
         self.head = nn.Sequential(
-            nn.Linear(c_in * height * width_px, 128), nn.ReLU(), nn.Linear(128, dim)
+            nn.Linear(2 * width * height * width_px, 128), nn.ReLU(), nn.Linear(128, dim)
         )
 
     def forward(self, x: Tensor) -> Tensor:
