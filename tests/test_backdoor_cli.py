@@ -125,6 +125,16 @@ def test_defend_bad_input_is_one_line(folder, tmp_path) -> None:
     )
 
 
+def test_defend_refuses_a_contrastive_folder(tmp_path) -> None:
+    from privacylab.backdoor import BackdoorConfig
+
+    config = BackdoorConfig(dataset="digits", method="clip-backdoor", poisons=5, poison_rate=None)
+    (tmp_path / "config.json").write_text(json.dumps(config.to_dict()))
+    line = defend_fails("--target", str(tmp_path), "--method", "strip")
+    assert "clip-backdoor run of a contrastive image–text model" in line
+    assert "inspect classifiers" in line
+
+
 def test_defend_is_still_a_command_of_its_own() -> None:
     from typer.testing import CliRunner
 

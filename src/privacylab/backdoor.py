@@ -257,9 +257,13 @@ class BackdoorConfig:
         return poison_count(float(self.poison_rate), clean_rows)  # type: ignore[arg-type]
 
     def identity(self) -> dict[str, Any]:
-        """The fields that decide the folder's models and numbers (not the device)."""
+        """The fields that decide the folder's models and numbers: not the device, the
+        trigger as used, no poison budget for the trojan."""
         data = self.to_dict()
         data.pop("device")
+        data["trigger"] = self.trigger_spec()
+        if self.method not in DATA_POISONING:
+            data["poison_rate"] = data["poisons"] = None
         return data
 
     def to_dict(self) -> dict[str, Any]:
@@ -591,7 +595,7 @@ def run_backdoor_attack(
             _tick(progress, "result (reused)", 1, 1)
             return finished
     if config.method in CONTRASTIVE_METHODS:
-        result, images = _contrastive(config, progress)
+        result, images = _contrastive(config, folder, progress)
     else:
         result, images = _classifier_game(config, folder, progress)
     result["folder"] = str(folder)
@@ -734,7 +738,7 @@ def _classifier_game(
 
 
 def _contrastive(
-    config: BackdoorConfig, progress: Progress | None
+    config: BackdoorConfig, folder: Path, progress: Progress | None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         from privacylab.attacks.poisoning.contrastive import run_contrastive
@@ -754,6 +758,7 @@ def _contrastive(
         "test_size": config.test_size,
         "seed": config.seed,
         "device": config.device,
+        "checkpoint_dir": folder / CHECKPOINTS_DIR,
         "progress": progress,
     }
     spec = config.trigger_spec()
@@ -764,6 +769,7 @@ def _contrastive(
     _tick(progress, "attack", 0, 1)
     _known_keywords(run_contrastive, options, config.method)
     outcome, _ = run_contrastive(config.method, **options)
+    shutil.rmtree(folder / CHECKPOINTS_DIR, ignore_errors=True)
     _tick(progress, "attack", 1, 1)
     result = _common(config, outcome.to_dict(), holdout=0, privacy=None, asr_bound=None)
     trigger = None if outcome.trigger is None else _trigger_from(outcome.trigger, parse_trigger)

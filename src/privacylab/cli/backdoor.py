@@ -159,14 +159,16 @@ def attack_backdoor_command(
 
         _writable_folder(out)
         _device(device)
-        rate = poison_rate
-        if method in DATA_POISONING and rate is None and poisons is None:
+        rate, count = poison_rate, poisons
+        if method in DATA_POISONING and rate is None and count is None:
             rate = 0.01
+        if method not in DATA_POISONING:
+            rate = count = None
         config = BackdoorConfig(
             dataset=dataset,
             method=method,
             poison_rate=rate,
-            poisons=poisons,
+            poisons=count,
             trigger=trigger,
             target_class=target_class,
             mode=mode,
@@ -256,7 +258,6 @@ def defend_backdoor_command(
         from privacylab.backdoor import (
             DEFENSE_METHODS,
             defend_backdoor,
-            load_backdoor_run,
             run_folder,
         )
         from privacylab.defenses.backdoor import backdoor_defense_names
@@ -270,7 +271,6 @@ def defend_backdoor_command(
             _device(device)
         options = _options(option)
         folder = run_folder(target)
-        load_backdoor_run(folder, device)
         with _Stages(_stderr()) as stages:
             result = defend_backdoor(
                 folder,
