@@ -373,6 +373,13 @@ def test_private_attack_shows_epsilon_and_the_group_privacy_bound(tmp_path: Path
     assert "DP-SGD ε=8" in attack_label(dict(entry, label=None))
 
 
+def test_nan_rates_are_missing_not_refused(tmp_path: Path) -> None:
+    add_backdoor_run(tmp_path, {"attack": attack("runs/n", baseline_asr=float("nan"), images={})})
+    stored = _results(tmp_path)["backdoor"]["attacks"][0]
+    assert stored["baseline_asr"] is None
+    assert "99.2%</td>" in _section(tmp_path)
+
+
 def test_contrastive_series_average_seeds_per_number_of_poisons() -> None:
     series = contrastive_series(TABLES["contrastive"])
     assert set(series) == {"position=corner", "position=random"}

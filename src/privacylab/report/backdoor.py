@@ -561,6 +561,8 @@ def _check_entry(entry: Any, kind: str) -> dict[str, Any]:
         raise BackdoorReportError(f"payload[{kind!r}] needs a 'method' name")
     for key in _UNIT:
         value = entry.get(key)
+        if isinstance(value, float) and math.isnan(value):
+            continue
         if value is not None and ((x := number(value)) is None or not 0.0 <= x <= 1.0):
             raise BackdoorReportError(
                 f"payload[{kind!r}][{key!r}] must be in [0, 1], got {value!r}"
