@@ -21,7 +21,9 @@ victim's training rows, `poison_count(rate, 3500)` of them: 35 at 1%, 389 at 10%
 Two triggers: ``art-pattern`` is ART's own `add_pattern_bd` (four white pixels in a 3x3 box two
 pixels from the bottom-right corner), written for us as a `Trigger` with that mask at (24, 24);
 ``square:4@corner`` is our default, given to ART as a perturbation function (ART ships no
-square). The two poisoned sets are compared byte for byte; when they are identical (they are:
+square). ART's `add_pattern_bd` assumes channels-last: on PyTorch's NCHW batch it raises
+IndexError unless given ``channels_first=True`` (done here). The two poisoned sets are compared
+byte for byte; when they are identical (they are:
 ``identical_poisons`` in the output) one model is trained on X ∪ P and both toolkits are
 measured on it (ours through `run_poisoning`'s label queries, ART through
 `PyTorchClassifier.predict` on ART-stamped test images). A clean model (same recipe, X
@@ -36,7 +38,12 @@ last rows of X ∪ P):
   "smaller", which marks the smaller cluster of *every* class as poison, and the layer
   ``layer_names[-1]``, which for an `nn.Sequential` is the *logits* layer) and **matched**
   (FastICA, "relative-size" 0.35, the model wrapped so that its last registered child is the
-  same penultimate layer ours reads).
+  same penultimate layer ours reads). ART 1.20.1's own "relative-size" analysis crashes
+  (``ValueError: The truth value of an empty array is ambiguous`` — `analyze_by_relative_size`
+  tests ``cluster_id in np.where(...)``, a tuple of arrays, and any class without a small
+  cluster ends it: ``art_relative_size`` in the output), so "matched" runs ART's "smaller"
+  clustering and keeps only the classes whose small cluster holds < 35% of the class — the
+  relative-size rule applied to ART's own clusters and report.
 * ``spectral``: ours (ε = 0.1, remove 1.5ε per label) vs `SpectralSignatureDefense` as shipped
   (``expected_pp_poison`` = 0.33, so half of every class is removed; logits layer) and matched
   (0.1, penultimate layer). ART scores ``‖v·R_i‖`` on the *uncentred* representations (its
@@ -50,7 +57,10 @@ last rows of X ∪ P):
   the same object, now a ``STRIPMixin`` subclass): ``strip_rewrites_class_in_place`` in the
   output; ours returns a filter and never touches the model. ART abstains with an all-zero
   row; both are scored by `evaluate_mitigation` (a rejected input counts as neither correct nor
-  a success), on the same test and triggered-test rows.
+  a success), on the same test and triggered-test rows. ART's STRIP takes the entropy of
+  whatever ``predict`` returns: on a model that outputs logits (ours, like most PyTorch
+  classifiers) the entropies are NaN and ``mitigate`` fails in ``norm.fit`` ("The data
+  contains non-finite values"), so ART gets the model followed by a softmax.
 * ``neural-cleanse``: ART 1.20's `NeuralCleanse` transformer raises NotImplementedError for any
   classifier but Keras (``"Only Keras classifiers are supported for this defence."``; ART
   issue #871, Trusted-AI/adversarial-robustness-toolbox): it cannot run on a PyTorch model, so
@@ -89,7 +99,6 @@ import sys
 import tempfile
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -105,7 +114,6 @@ from privacylab.attacks.poisoning import (
     make_backdoor,
     parse_trigger,
     poison_count,
-    predict_labels,
     run_poisoning,
     target_labels,
 )
@@ -246,7 +254,7 @@ def _pr(flagged: np.ndarray | None, truth: np.ndarray) -> dict[str, Any]:
         return {"flagged_rows": None, "precision": None, "recall": None}
     hit = np.isin(flagged, truth).sum()
     return {
-        "flagged_rows": int(len(flagged)),
+        "flagged_rows": len(flagged),
         "precision": float(hit / len(flagged)) if len(flagged) else None,
         "recall": float(hit / len(truth)) if len(truth) else None,
     }
