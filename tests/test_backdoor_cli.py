@@ -125,6 +125,20 @@ def test_defend_bad_input_is_one_line(folder, tmp_path) -> None:
     )
 
 
+def test_trojan_says_it_ignores_the_poison_budget(tmp_path) -> None:
+    cheap = ["trigger_steps=20", "images_per_class=2", "inversion_steps=10", "retrain_epochs=2"]
+    options = [a for pair in cheap for a in ("--option", pair)]
+    args = [*TINY, *RECIPE, "--method", "trojan", "--trigger", "square:3@corner", *options]
+    result = attack(*args, "--poison-rate", "0.05", "--out", str(tmp_path), "--json")
+    assert result.exit_code == 0, result.stderr
+    assert "note: trojan injects no poisons; --poison-rate/--poisons ignored" in result.stderr
+    payload = json.loads(result.stdout)
+    assert payload["method"] == "trojan" and payload["poisons"] == 0
+    assert {"orig", "orig_dec", "orig_tri", "ext_tri"} <= set(payload["details"])
+    again = attack(*args, "--out", str(tmp_path), "--json")
+    assert again.exit_code == 0 and json.loads(again.stdout) == payload
+
+
 def test_defend_refuses_a_contrastive_folder(tmp_path) -> None:
     from privacylab.backdoor import BackdoorConfig
 

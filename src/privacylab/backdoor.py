@@ -463,7 +463,6 @@ def _trained(
 ) -> tuple[nn.Module, dict[str, Any]]:
     """The model saved in `folder` (reused), or trained now by the victim's recipe on `data`
     (resuming from `checkpoints`) and saved there."""
-    from privacylab.attacks.poisoning.recipe import train_victim
     from privacylab.models import load_model, save_model
 
     stage = f"{role} model"
@@ -471,17 +470,38 @@ def _trained(
         model, _, meta = load_model(folder, device=config.device)
         _tick(progress, stage, 1, 1)
         return model, dict(meta.get("summary") or {})
-    _tick(progress, stage, 0, 1)
-    model, summary = train_victim(
-        recipe, data, seed=config.seed, device=config.device, checkpoint_dir=checkpoints
-    )
+    model, summary = _victim(recipe, data, config.seed, config.device, checkpoints, progress, stage)
     kept = _summary(summary)
     save_model(model, folder, recipe.spec(data), _metadata(config, trigger, role, kept))
     shutil.rmtree(checkpoints, ignore_errors=True)
     with contextlib.suppress(OSError):
         checkpoints.parent.rmdir()
-    _tick(progress, stage, 1, 1)
     return model, kept
+
+
+def _victim(
+    recipe: Any,
+    data: Dataset,
+    seed: int,
+    device: str,
+    checkpoints: Path | None,
+    progress: Progress | None,
+    stage: str,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """`train_victim`, with per-epoch progress where it takes a `progress` hook (else the
+    stage's start and end)."""
+    from privacylab.attacks.poisoning.recipe import train_victim
+
+    epochs = float(recipe.epochs)
+    _tick(progress, stage, 0, epochs)
+    extra: dict[str, Any] = {}
+    if progress is not None and "progress" in inspect.signature(train_victim).parameters:
+        extra["progress"] = lambda record: progress(stage, float(record.epoch), epochs)
+    model, summary = train_victim(
+        recipe, data, seed=seed, device=device, checkpoint_dir=checkpoints, **extra
+    )
+    _tick(progress, stage, epochs, epochs)
+    return model, summary
 
 
 def _tick(progress: Progress | None, stage: str, done: float, total: float) -> None:
@@ -934,12 +954,9 @@ def defend_backdoor(
     recipe = config.victim_recipe()
 
     def retrain(data: Dataset) -> nn.Module:
-        from privacylab.attacks.poisoning.recipe import train_victim
-
-        _tick(progress, f"{method}: retrain", 0, 1)
-        model, _ = train_victim(recipe, data, seed=config.seed, device=device or config.device)
-        _tick(progress, f"{method}: retrain", 1, 1)
-        return model
+        where = device or config.device
+        stage = f"{method}: retrain"
+        return _victim(recipe, data, config.seed, where, None, progress, stage)[0]
 
     evidence = BackdoorEvidence(
         num_classes=run.test.num_classes,
