@@ -338,9 +338,14 @@ def table(result: dict[str, Any]) -> str:
     lines.append("")
     head = (
         f"{'defence':<23}{'models':<13}{'runs':>5}{'det':>6}{'FPR':>6}{'class':>6}{'AI':>7}"
-        f"{'prec':>6}{'rec':>6}{'FRR':>6}{'FAR':>6}{'ASR':>13}{'acc':>13}{'sec':>7}"
+        f"{'rst':>6}{'prec':>6}{'rec':>6}{'FRR':>6}{'FAR':>6}{'ASR':>13}{'acc':>13}{'sec':>7}"
     )
     lines.append(head)
+    lines.append(
+        "  (det: detection rate over runs; FPR: the same on clean models; class: share of"
+        " detections naming the target; AI: mean anomaly index; rst: detection rate over"
+        " Neural Cleanse's restarts)"
+    )
     for r in result["table"]:
         asr = f"{_fmt(r['asr_before'], '.2f')}->{_fmt(r['asr_after'], '.2f')}"
         acc = f"{_fmt(r['accuracy_before'], '.2f')}->{_fmt(r['accuracy_after'], '.2f')}"
@@ -349,6 +354,7 @@ def table(result: dict[str, Any]) -> str:
             f"{_fmt(r.get('detection_rate'), '.2f'):>6}"
             f"{_fmt(r.get('false_positive_rate'), '.2f'):>6}"
             f"{_fmt(r['target_class_rate'], '.2f'):>6}{_fmt(r['anomaly_index'], '.2f'):>7}"
+            f"{_fmt(r.get('restart_detection_rate'), '.2f'):>6}"
             f"{_fmt(r['precision'], '.2f'):>6}{_fmt(r['recall'], '.2f'):>6}"
             f"{_fmt(r['frr'], '.2f'):>6}{_fmt(r['far'], '.2f'):>6}{asr:>13}{acc:>13}"
             f"{_fmt(r['seconds'], '.1f'):>7}"

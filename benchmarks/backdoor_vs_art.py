@@ -7,8 +7,9 @@ Setting. mnist5k's canonical cut (4,000 / 1,000): 3,500 training rows for the vi
 other 500 the defender's clean held-out rows, the 1,000 test rows for accuracy and attack
 success rate (ASR, `privacylab.stats.backdoor.attack_success_rate`, defined once; ART has no
 ASR of its own, so ART's predictions go through the same function). The victim's recipe is
-`VictimRecipe()` (the family's default CNN, Adam, 20 epochs). ``--quick``: 1,200 training
-rows, 300 clean, 500 test, 4 epochs, 10% poison only, one Neural Cleanse restart (~1 min).
+`VictimRecipe()` (the family's default: the 784-512-256-10 ReLU MLP, Adam, 20 epochs).
+``--quick``: 1,200 training rows, 300 clean, 500 test, 8 epochs, 10% poison only, one Neural
+Cleanse restart of 5 epochs on 100 clean rows (a few minutes on a shared machine).
 
 Attack (Gu et al. 2017). The poisoned rows are drawn once (seeded, non-target classes of the
 victim's training rows, `poison_count(rate, 3500)` of them: 35 at 1%, 389 at 10%, target class
