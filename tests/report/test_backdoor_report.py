@@ -327,6 +327,33 @@ def test_anomaly_over_seeds_is_the_mean_with_min_max_and_infinite_mad() -> None:
     assert nc_anomaly({"norms": "nothing"}) is None and nc_anomaly({}) is None
 
 
+def test_median_norm_index_outside_the_seeds_range_is_drawn() -> None:
+    """Neural Cleanse's details from a real run: the index of the median norms (the bar) lies
+    outside the per-seed indices' [min, max] for some classes; the whiskers reach the bar."""
+    details = {
+        "norms": [81.5496, 136.3949, 84.0674, 91.2568, 95.2125, 91.5978, 109.7192, 106.1717,
+                  92.1523, 119.6988],
+        "per_seed": [
+            {"norms": [81.5496, 136.3949, 84.0674, 91.2568, 95.2125, 91.5978, 111.4524, 102.663,
+                       95.4698, 120.635]},
+            {"norms": [81.8354, 127.0589, 83.5335, 98.6976, 91.558, 89.0429, 107.3364, 106.1717,
+                       92.1523, 119.4177]},
+            {"norms": [79.1675, 138.5697, 84.8595, 84.1998, 96.0236, 93.163, 109.7192, 106.5669,
+                       91.2442, 119.6988]},
+        ],
+    }  # fmt: skip
+    anomaly = nc_anomaly(details)
+    outside = (anomaly["index"] < anomaly["low"]) | (anomaly["index"] > anomaly["high"])
+    assert outside.any()
+    fig = anomaly_plot(anomaly, list(range(10)), flagged=None)
+    heights = [p.get_height() for p in fig.axes[0].patches]
+    np.testing.assert_allclose(heights, anomaly["index"])
+    high = [i for i, h in enumerate(heights) if h > NC_THRESHOLD]
+    assert high == [1] and not anomaly["below"][1], "only a class above the median exceeds 2"
+    colours = {fig.axes[0].patches[i].get_facecolor()[:3] for i in high}
+    assert colours == {(176 / 255, 176 / 255, 176 / 255)}, "not flaggable: drawn grey"
+
+
 def test_masks_row_outlines_only_the_flagged_class() -> None:
     masks = nc_masks(nc_run("a", flagged=2)["details"])
     assert [k for k, _ in masks] == list(range(10))

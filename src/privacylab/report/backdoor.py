@@ -376,7 +376,8 @@ def anomaly_plot(
     flagged: Any = None,
     threshold: float = NC_THRESHOLD,
 ) -> Figure:
-    """Neural Cleanse's anomaly index per class as bars (mean over seeds, whiskers min-max),
+    """Neural Cleanse's anomaly index per class as bars (mean over seeds, or the index of the
+    median norms; whiskers from the seeds' min to max, reaching the bar when it lies outside),
     red where the class lies below the median norm with an index above `threshold`, grey
     above the median (not flaggable), with the threshold as a dashed line; an infinite index
     (MAD 0) is drawn at the top of the axes and labelled "∞"."""
@@ -400,7 +401,10 @@ def anomaly_plot(
         ax.errorbar(
             x[spread],
             shown[spread],
-            yerr=[shown[spread] - low[spread], high[spread] - shown[spread]],
+            yerr=[
+                np.maximum(shown[spread] - low[spread], 0.0),
+                np.maximum(high[spread] - shown[spread], 0.0),
+            ],
             fmt="none",
             ecolor="#333333",
             capsize=2,
