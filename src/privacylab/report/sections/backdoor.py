@@ -439,7 +439,7 @@ class BackdoorSection:
     order = 55
     css = """
 .backdoor-pictures { display: flex; flex-wrap: wrap; align-items: flex-start; }
-figure.backdoor-image img { image-rendering: pixelated; }
+figure.backdoor-image img { image-rendering: pixelated; border: 1px solid #777; }
 p.published { font-style: italic; }
 table.backdoor-published { background: #fafafa; }
 """
