@@ -369,7 +369,8 @@ def run_contrastive(
     `build_captions` (a share `caption_noise` of scraped noise), the rest the attacker's own
     images, captioned by the attacker for itself. The victim trains a `DualEncoder` on
     X ∪ P (`EPOCHS` epochs unless `epochs`), and the clean model — the same recipe and seed on
-    X alone, or `clean_model` when given — is the baseline.
+    X alone, or `clean_model` when given (the caller vouches that it is that model; with no
+    poisons it is then also the attacked one) — is the baseline.
 
     - `clip-backdoor`: `poisons` patched pairs (`trigger`, default a 4-px checkerboard at a
       random place). asr = ASR of the patched test images (non-target classes) under zero-shot
@@ -396,7 +397,8 @@ def run_contrastive(
     if not (real and 0.0 <= caption_noise <= 1.0):
         raise PoisonError(f"caption noise must be a share in [0, 1], got {caption_noise!r}")
     _check_classes(data)
-    if not 0 <= int(target_class) < data.num_classes:
+    target_class = whole_option(method, "target_class", target_class, low=0)
+    if target_class >= data.num_classes:
         raise PoisonError(f"target class must be in [0, {data.num_classes}), got {target_class!r}")
     attack: DataPoisoningAttack
     if method == "clip-backdoor":
@@ -443,17 +445,20 @@ def run_contrastive(
     injected = sum(len(p) for p in crafted)
     train_images = torch.cat([split.victim.features, *poison_images])
     train_captions = [*victim_captions, *poison_captions]
-    model = _train(
-        train_images,
-        train_captions,
-        tokenizer,
-        epochs=epochs,
-        seed=seed,
-        device=device,
-        checkpoint_dir=None if base is None else base / "poisoned",
-        progress=progress,
-        stage="poisoned",
-    )
+    if not injected and clean_model is not None:
+        model = clean_model
+    else:
+        model = _train(
+            train_images,
+            train_captions,
+            tokenizer,
+            epochs=epochs,
+            seed=seed,
+            device=device,
+            checkpoint_dir=None if base is None else base / "poisoned",
+            progress=progress,
+            stage="poisoned",
+        )
     if clean_model is None:
         if budget:
             clean_model = _train(
