@@ -65,6 +65,7 @@ __all__ = [
     "NC_THRESHOLD",
     "PUBLISHED",
     "PUBLISHED_SOURCE",
+    "REMOVED_ASR",
     "TABLE_FIGURES",
     "BackdoorReportError",
     "add_backdoor_run",
@@ -77,6 +78,7 @@ __all__ = [
     "nc_anomaly",
     "nc_masks",
     "nc_masks_plot",
+    "published_outcome",
     "slug",
     "verdict",
 ]
@@ -107,34 +109,39 @@ TABLE_FIGURES = {"contrastive": "backdoor-contrastive.png", "badnets": "backdoor
 """File of the figure drawn from each table that has one."""
 
 PUBLISHED_SOURCE = (
-    "Wu et al. 2022, BackdoorBench: A Comprehensive Benchmark of Backdoor Learning "
-    "(NeurIPS Datasets and Benchmarks), BadNets on CIFAR-10 with PreAct-ResNet18"
+    "Wu et al. 2022, BackdoorBench (NeurIPS Datasets and Benchmarks), leaderboard data "
+    "static/data/results.csv of github.com/backdoorbench/backdoorbench.github.io, commit "
+    "a4ef038, rows 11520-11559: BadNets on CIFAR-10 with PreAct-ResNet18 (the constants "
+    "benchmarks/backdoor_defenses.py quotes)"
 )
 PUBLISHED: tuple[dict[str, Any], ...] = (
-    {
-        "defense": "neural-cleanse",
-        "poison_rate": 0.10,
-        "asr_before": 0.95,
-        "asr_after": 0.013,
-        "outcome": "removes the backdoor (ASR 95% -> 1.3%)",
-    },
-    {
-        "defense": "activation-clustering",
-        "poison_rate": 0.01,
-        "asr_before": None,
-        "asr_after": None,
-        "outcome": "fails at 1% poison (the backdoor survives)",
-    },
-    {
-        "defense": "spectral",
-        "poison_rate": 0.01,
-        "asr_before": None,
-        "asr_after": None,
-        "outcome": "fails at 1% poison (the backdoor survives)",
-    },
+    {"poison_rate": 0.10, "defense": "none", "accuracy": 0.9132, "asr": 0.9503},
+    {"poison_rate": 0.10, "defense": "neural-cleanse", "accuracy": 0.8905, "asr": 0.0127},
+    {"poison_rate": 0.10, "defense": "activation-clustering", "accuracy": 0.8880, "asr": 0.8623},
+    {"poison_rate": 0.10, "defense": "spectral", "accuracy": 0.8998, "asr": 0.9241},
+    {"poison_rate": 0.10, "defense": "fine-pruning", "accuracy": 0.9131, "asr": 0.5713},
+    {"poison_rate": 0.01, "defense": "none", "accuracy": 0.9314, "asr": 0.7473},
+    {"poison_rate": 0.01, "defense": "neural-cleanse", "accuracy": 0.9164, "asr": 0.0088},
+    {"poison_rate": 0.01, "defense": "activation-clustering", "accuracy": 0.8888, "asr": 0.2718},
+    {"poison_rate": 0.01, "defense": "spectral", "accuracy": 0.9262, "asr": 0.7420},
+    {"poison_rate": 0.01, "defense": "fine-pruning", "accuracy": 0.9298, "asr": 0.2018},
 )
-"""BackdoorBench's published findings quoted beside our defences table (constants from
-`PUBLISHED_SOURCE`, not measured here; None where only the finding is quoted)."""
+"""BackdoorBench's published test accuracy and ASR after each defence ("none": the attacked
+model), quoted beside our defences table: constants from `PUBLISHED_SOURCE`, not measured
+here."""
+
+REMOVED_ASR = 0.10
+"""A defence whose ASR after is at most this "removes" the backdoor in the published table's
+reading; one that keeps at least half the ASR it started with "fails"; else it "reduces" it."""
+
+
+def published_outcome(before: float, after: float) -> str:
+    """How the published table reads one defence: "removes" (ASR after <= `REMOVED_ASR`),
+    "fails" (at least half of the attacked model's ASR kept) or "reduces"."""
+    if after <= REMOVED_ASR:
+        return "removes"
+    return "fails" if after >= 0.5 * before else "reduces"
+
 
 _UNIT = ("clean_accuracy", "baseline_accuracy", "asr", "baseline_asr", "poison_rate")
 
@@ -440,7 +447,7 @@ def contrastive_series(rows: Sequence[Mapping[str, Any]]) -> dict[str, dict[str,
     varying = [k for k in _SERIES_KEYS if len({str(r.get(k)) for r in rows if k in r}) > 1]
     groups: dict[str, dict[float, list[tuple[float | None, float | None]]]] = {}
     for row in rows:
-        n = _first(row, "poisons", "n_poisons", "num_poisons")
+        n = _first(row, "poisons", "n_poisons", "num_poisons", "poisoned_pairs", "pairs")
         if n is None:
             continue
         label = ", ".join(f"{k}={row.get(k)}" for k in varying if k in row) or "all"

@@ -42,6 +42,7 @@ from privacylab.report.backdoor import (
     PUBLISHED,
     PUBLISHED_SOURCE,
     attack_label,
+    published_outcome,
     verdict,
 )
 from privacylab.report.sections import register_section
@@ -308,24 +309,29 @@ def trojan_table(rows: Sequence[Mapping[str, Any]]) -> str:
 
 PUBLISHED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("defense", "defence", "the defence BackdoorBench ran"),
-    ("poison_rate", "poison rate", "BadNets' poison rate in that row"),
+    ("poison_rate", "poison rate", "BadNets' poison rate"),
+    ("accuracy", "accuracy before → after", "published clean test accuracy"),
     ("asr", "ASR before → after", "published attack success rate without and with the defence"),
-    ("outcome", "published finding", "what the published table shows"),
+    ("outcome", "reading", "removes: ASR ≤ 10% after; fails: at least half the ASR kept"),
 )
 
 
 def published_table() -> str:
-    """BackdoorBench's published CIFAR-10 numbers (`PUBLISHED`), labelled as such."""
+    """BackdoorBench's published CIFAR-10 numbers (`PUBLISHED`), each defence beside the
+    attacked model of its poison rate, labelled as published and not measured here."""
+    attacked = {r["poison_rate"]: r for r in PUBLISHED if r["defense"] == "none"}
     body = []
     for row in PUBLISHED:
-        before, after = row.get("asr_before"), row.get("asr_after")
-        asr = MISSING if before is None else f"{percent(before)} → {percent(after)}"
+        base = attacked.get(row["poison_rate"])
+        if row["defense"] == "none" or base is None:
+            continue
         body.append(
             "<tr>"
             + text_cell(row["defense"])
             + num_cell(row["poison_rate"], percent(row["poison_rate"]))
-            + num_cell(after, asr)
-            + text_cell(row["outcome"])
+            + num_cell(row["accuracy"], f"{percent(base['accuracy'])} → {percent(row['accuracy'])}")
+            + num_cell(row["asr"], f"{percent(base['asr'])} → {percent(row['asr'])}")
+            + text_cell(published_outcome(base["asr"], row["asr"]))
             + "</tr>"
         )
     return (
