@@ -247,6 +247,11 @@ def test_a_folder_of_another_game_is_refused(game) -> None:
     folder, _ = game
     with pytest.raises(BackdoorError, match=r"other settings \(poison_rate, target_class\)"):
         run_backdoor_attack(tiny(poison_rate=0.1, target_class=3), folder)
+    with pytest.raises(BackdoorError, match=r"other settings \(recipe\)"):
+        run_backdoor_attack(tiny(recipe={**TINY, "epochs": 16}), folder)
+    saved = json.loads((folder / "config.json").read_text())
+    assert saved["recipe"]["epochs"] == 15 and saved["recipe"]["model"] == "mlp"
+    assert saved["recipe"]["batch_size"] == BackdoorConfig().victim_recipe().batch_size
 
 
 def test_defend_before_is_the_attack_and_rows_are_scored_against_the_poisons(game) -> None:

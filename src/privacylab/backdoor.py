@@ -46,7 +46,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -257,11 +257,14 @@ class BackdoorConfig:
         return poison_count(float(self.poison_rate), clean_rows)  # type: ignore[arg-type]
 
     def identity(self) -> dict[str, Any]:
-        """The fields that decide the folder's models and numbers: not the device, the
-        trigger as used, no poison budget for the trojan."""
+        """The fields that decide the folder's models and numbers: not the device; the
+        trigger as used; the victim's whole recipe (so a folder trained under other recipe
+        defaults is not mixed with new models); no poison budget for the trojan."""
         data = self.to_dict()
         data.pop("device")
         data["trigger"] = self.trigger_spec()
+        if self.method not in CONTRASTIVE_METHODS:
+            data["recipe"] = self.victim_recipe().to_dict()
         if self.method not in DATA_POISONING:
             data["poison_rate"] = data["poisons"] = None
         return data
@@ -389,7 +392,9 @@ def _read_json(path: Path) -> Any:
 
 
 def _claim(folder: Path, config: BackdoorConfig) -> None:
-    """Write config.json, or check the folder's own is the same game (one line if not)."""
+    """Write config.json (the victim's recipe written out in full, so that the folder
+    keeps its own recipe if the defaults change), or check the folder's own is the same game
+    (one line if not)."""
     path = folder / CONFIG_FILE
     if path.exists():
         saved = BackdoorConfig.from_dict(_read_json(path))
@@ -401,7 +406,10 @@ def _claim(folder: Path, config: BackdoorConfig) -> None:
                 "use another --out"
             )
     folder.mkdir(parents=True, exist_ok=True)
-    _write_json(path, config.to_dict())
+    kept = config
+    if config.method not in CONTRASTIVE_METHODS:
+        kept = replace(config, recipe=config.victim_recipe().to_dict())
+    _write_json(path, kept.to_dict())
 
 
 def _save_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
