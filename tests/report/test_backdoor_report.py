@@ -176,6 +176,18 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
         poisons=0,
         poison_rate=0.0,
         asr=0.97,
+        details={
+            "orig": 0.962,
+            "orig_dec": 0.012,
+            "orig_tri": 0.97,
+            "ext_tri": 0.995,
+            "selection": "weights",
+            "phase_seconds": {
+                "trigger_generation": 1.5,
+                "data_generation": 7.25,
+                "retraining": 3.0,
+            },
+        },
         trigger={
             "spec": "square:7@corner",
             "pattern": rng.random((1, SIDE, SIDE)).tolist(),
@@ -257,7 +269,9 @@ def test_verdict_states_asr_poison_rate_and_accuracy_gap(report: Path) -> None:
 def test_verdict_cases() -> None:
     weak = attack("a", asr=0.12, clean_accuracy=0.95, baseline_accuracy=0.9)
     assert verdict({"attacks": [weak]}).startswith("Not backdoored: ASR 12% at 1.0% poison")
-    assert "within 5.0 points" in verdict({"attacks": [weak]})
+    assert "accuracy 5.0 points above the clean model (95% vs 90%)" in verdict({"attacks": [weak]})
+    worse = attack("a", clean_accuracy=0.697, baseline_accuracy=0.903)
+    assert "accuracy 20.6 points below the clean model" in verdict({"attacks": [worse]})
     trojan = attack("t", method="trojan", poisons=0, poison_rate=0.0, baseline_accuracy=None)
     assert verdict({"attacks": [trojan]}) == (
         "Backdoored: ASR 99.2% after retraining; clean accuracy 97.1%."
@@ -392,6 +406,25 @@ def test_tables_curves_and_published_numbers(report: Path) -> None:
     assert spectral1[4] == "fails"
     assert len(cells) == 8, "4 defences at 2 rates, each beside its attacked model"
     assert "PreAct-ResNet18" in PUBLISHED_SOURCE
+    runs = re.search(r'<table class="sortable backdoor-trojan-runs">.*?</table>', section, re.S)
+    run = [
+        c
+        for r in re.findall(r"<tr>(.*?)</tr>", runs.group(0), re.S)
+        if (c := re.findall(r">([^<]*)</td>", r))
+    ]
+    assert run == [
+        [
+            "trojan, square:7@corner",
+            "96.2%",
+            "1.2%",
+            "97%",
+            "99.5%",
+            "weights",
+            "1.500",
+            "7.250",
+            "3.000",
+        ]
+    ]
     attacks = re.search(r'<table class="sortable backdoor-attacks">.*?</table>', section, re.S)
     assert "35 (1.0%)" in attacks.group(0) and "97.1% (97.4%)" in attacks.group(0)
     assert "99.2% (0.8%)" in attacks.group(0) and ">∞<" in attacks.group(0)

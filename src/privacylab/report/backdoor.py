@@ -56,6 +56,7 @@ from privacylab.report.plots import FONT_PT, LEGEND_FONT_PT, _to_png, line_style
 from privacylab.stats.backdoor import anomaly_index
 
 __all__ = [
+    "ACCURACY_POINTS",
     "ATTACK_IMAGES",
     "BACKDOORED_ASR",
     "BLOCK",
@@ -101,6 +102,10 @@ MAX_SIDE = 512
 NC_METHOD = "neural-cleanse"
 NC_THRESHOLD = 2.0
 """Neural Cleanse's anomaly index threshold (Wang et al. 2019, Sec. IV-C)."""
+
+ACCURACY_POINTS = 1.0
+"""A clean-accuracy gap of at most this many points is "within"; a larger one is named as
+below or above the clean model (the issue's bar: within 1 point)."""
 
 BACKDOORED_ASR = 0.5
 """ASR at or above which the verdict calls a model backdoored."""
@@ -184,7 +189,8 @@ def _points(a: float, b: float) -> str:
 def verdict(block: Mapping[str, Any]) -> str:
     """The section's one-line verdict: of the attack with the highest ASR, "Backdoored: ASR x%
     at y% poison; clean accuracy within z points of the clean model" (z = |clean accuracy -
-    baseline accuracy| in percentage points; "after retraining" for an attack with no
+    baseline accuracy| in percentage points, "z points below" or "above" beyond
+    `ACCURACY_POINTS`; "after retraining" for an attack with no
     poisons; "not backdoored" below `BACKDOORED_ASR`), the backdoor z-score when measured,
     then what Neural Cleanse said: "Neural Cleanse flagged class c (the target)", "... (not
     the target t)" or "found no backdoor"."""
@@ -205,8 +211,12 @@ def verdict(block: Mapping[str, Any]) -> str:
             line += f" (strongest of {len(attacks)} attacks: {attack_label(top)})"
         clean, base = number(top.get("clean_accuracy")), number(top.get("baseline_accuracy"))
         if clean is not None and base is not None:
-            line += f"; clean accuracy within {_points(clean, base)} points of the clean model"
-            line += f" ({percent(clean)} vs {percent(base)})"
+            if abs(clean - base) <= ACCURACY_POINTS / 100.0:
+                line += f"; clean accuracy within {_points(clean, base)} points of"
+            else:
+                side = "below" if clean < base else "above"
+                line += f"; clean accuracy {_points(clean, base)} points {side}"
+            line += f" the clean model ({percent(clean)} vs {percent(base)})"
         elif clean is not None:
             line += f"; clean accuracy {percent(clean)}"
         z = number(top.get("z_score"))

@@ -56,6 +56,7 @@ __all__ = [
     "defenses_table",
     "generic_table",
     "published_table",
+    "trojan_run_rows",
     "trojan_table",
 ]
 
@@ -278,7 +279,7 @@ def generic_table(name: str, rows: Sequence[Mapping[str, Any]]) -> str:
     return sortable_table(f"backdoor-table-{name}", columns, body, text=text, empty="no rows")
 
 
-def trojan_table(rows: Sequence[Mapping[str, Any]]) -> str:
+def trojan_table(rows: Sequence[Mapping[str, Any]], css: str = "backdoor-trojan") -> str:
     """The trojan table with the seed's columns (Orig, Orig Dec, Orig+Tri, Ext+Tri; Liu et
     al. 2018, Table 3) as percentages after the row's label, then every other key."""
     plain_keys = {_plain(k) for _, keys, _ in TROJAN_COLUMNS for k in keys}
@@ -304,7 +305,7 @@ def trojan_table(rows: Sequence[Mapping[str, Any]]) -> str:
         cells += [_value_cell(row.get(k), kinds[k]) for k in extra]
         body.append("<tr>" + "".join(cells) + "</tr>")
     text = {"row"} | {k for k in extra if kinds[k] == "text"}
-    return sortable_table("backdoor-trojan", columns, body, text=text, empty="no rows")
+    return sortable_table(css, columns, body, text=text, empty="no rows")
 
 
 PUBLISHED_COLUMNS: tuple[tuple[str, str, str], ...] = (
@@ -339,6 +340,32 @@ def published_table() -> str:
         f"Source: {e(PUBLISHED_SOURCE)}.</p>\n"
         + sortable_table("backdoor-published", PUBLISHED_COLUMNS, body, text={"defense", "outcome"})
     )
+
+
+_PHASES = (("trigger_generation", "trigger s"), ("data_generation", "data s"),
+           ("retraining", "retrain s"))  # fmt: skip
+_TROJAN_FACTS = ("selection", "neurons", "mask", "transparency", "denoise")
+
+
+def trojan_run_rows(attacks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The trojan attack runs as rows of the seed's table: the run's label, Orig, Orig Dec,
+    Orig+Tri, Ext+Tri from its details (`run_trojan`), what it varied (selection, neurons,
+    mask, transparency, denoise) and the seconds of each phase."""
+    rows = []
+    for a in attacks:
+        details = a.get("details") if isinstance(a.get("details"), Mapping) else {}
+        if a.get("method") != "trojan" or not any(
+            k in details for k in ("orig", "orig_dec", "orig_tri", "ext_tri")
+        ):
+            continue
+        row: dict[str, Any] = {"row": attack_label(a)}
+        row.update({k: details.get(k) for k in ("orig", "orig_dec", "orig_tri", "ext_tri")})
+        row.update({k: details[k] for k in _TROJAN_FACTS if k in details})
+        phases = details.get("phase_seconds")
+        if isinstance(phases, Mapping):
+            row.update({name: phases.get(key) for key, name in _PHASES})
+        rows.append(row)
+    return rows
 
 
 def _images(entry: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -477,6 +504,12 @@ table.backdoor-published { background: #fafafa; }
         parts += [_nc_pictures(folder, d) for d in defenses if d.get("method") == NC_METHOD]
         if attacks:
             parts += ['<h3 id="backdoor-attacks">Attacks</h3>', attacks_table(attacks)]
+        trojans = trojan_run_rows(attacks)
+        if trojans:
+            parts += [
+                '<h3 id="backdoor-trojan-runs">Trojan runs (the seed\'s columns)</h3>',
+                trojan_table(trojans, "backdoor-trojan-runs"),
+            ]
         if defenses:
             parts += ['<h3 id="backdoor-defenses">Defences</h3>', defenses_table(defenses)]
         curves = [
