@@ -131,8 +131,8 @@ class FinePruning(BackdoorDefense):
         layer: str | None = None,
         max_drop: float = 0.04,
         fraction: float = 0.9,
-        epochs: int = 5,
-        lr: float = 1e-3,
+        epochs: int = 10,
+        lr: float = 1e-2,
         batch_size: int = 64,
     ) -> None:
         self.layer = check_layer(self.name, layer)
