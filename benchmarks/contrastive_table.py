@@ -21,6 +21,7 @@ trains nothing. Progress on stderr; `--json` prints one JSON object.
     python benchmarks/contrastive_table.py          # full grid, 1 seed: ~20 min, 2 busy cores
     python benchmarks/contrastive_table.py --quick  # fewer points, ~8 min
     python benchmarks/contrastive_table.py --seeds 3 --json
+    python benchmarks/contrastive_table.py --quick --first-seed 1   # another seed, same store
 """
 
 from __future__ import annotations
@@ -212,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
     parser.add_argument("--quick", action="store_true", help="fewer points")
-    parser.add_argument("--seeds", type=int, default=1, help="seeds per cell (0, 1, ...)")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per cell")
+    parser.add_argument("--first-seed", type=int, default=0, help="seeds run from this one")
     parser.add_argument("--epochs", type=int, default=EPOCHS)
     parser.add_argument("--test-size", type=int, default=500)
     parser.add_argument(
@@ -222,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
         help="result store (resume; a second run trains nothing)",
     )
     args = parser.parse_args(argv)
-    if args.seeds < 1 or args.epochs < 1:
-        print("error: --seeds and --epochs must be >= 1", file=sys.stderr)
+    if args.seeds < 1 or args.epochs < 1 or args.first_seed < 0:
+        print("error: --seeds and --epochs must be >= 1, --first-seed >= 0", file=sys.stderr)
         return 2
     torch.set_num_threads(max(1, torch.get_num_threads()))
     start = time.perf_counter()
@@ -233,8 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             "paper": "Carlini & Terzis 2022, Sec. 5",
             "dataset": "mnist5k",
             "epochs": args.epochs,
-            "seeds": args.seeds,
-            "tables": tables(runner, list(range(args.seeds)), args.quick),
+            "seeds": list(range(args.first_seed, args.first_seed + args.seeds)),
+            "tables": tables(
+                runner, list(range(args.first_seed, args.first_seed + args.seeds)), args.quick
+            ),
         }
     result["seconds"] = time.perf_counter() - start
     if args.json:
