@@ -182,6 +182,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "orig_tri": 0.97,
             "ext_tri": 0.995,
             "selection": "weights",
+            "mask": [[0.0, 1.0], [1.0, 0.0]],
             "phase_seconds": {
                 "trigger_generation": 1.5,
                 "data_generation": 7.25,

@@ -344,13 +344,14 @@ def published_table() -> str:
 
 _PHASES = (("trigger_generation", "trigger s"), ("data_generation", "data s"),
            ("retraining", "retrain s"))  # fmt: skip
-_TROJAN_FACTS = ("selection", "neurons", "mask", "transparency", "denoise")
+_TROJAN_FACTS = ("selection", "neurons", "mask", "mask_area", "transparency", "denoise")
 
 
 def trojan_run_rows(attacks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The trojan attack runs as rows of the seed's table: the run's label, Orig, Orig Dec,
     Orig+Tri, Ext+Tri from its details (`run_trojan`), what it varied (selection, neurons,
-    mask, transparency, denoise) and the seconds of each phase."""
+    mask shape and area, transparency, denoise; arrays left out) and the seconds of each
+    phase."""
     rows = []
     for a in attacks:
         details = a.get("details") if isinstance(a.get("details"), Mapping) else {}
@@ -360,7 +361,13 @@ def trojan_run_rows(attacks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
             continue
         row: dict[str, Any] = {"row": attack_label(a)}
         row.update({k: details.get(k) for k in ("orig", "orig_dec", "orig_tri", "ext_tri")})
-        row.update({k: details[k] for k in _TROJAN_FACTS if k in details})
+        row.update(
+            {
+                k: details[k]
+                for k in _TROJAN_FACTS
+                if k in details and (k == "neurons" or not isinstance(details[k], (list, Mapping)))
+            }
+        )
         phases = details.get("phase_seconds")
         if isinstance(phases, Mapping):
             row.update({name: phases.get(key) for key, name in _PHASES})
