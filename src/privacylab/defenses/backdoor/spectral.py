@@ -15,10 +15,13 @@ here once: for each label the *separation* s_y = mean of the removed (top) score
 the kept scores, compared with its value s₀ when the projections are Gaussian (τ/scale is
 then χ²₁, so s₀ depends on the removed share q = 1.5·ε only, whatever the label's scale:
 with z = Φ⁻¹(1 − q/2), s₀ = ((2zφ(z) + q)/q) / ((1 − 2zφ(z) − q)/(1 − q)), 7.15 at q = 0.15).
-A label holding a minority ε_p of poisons far from its clean rows gives s ≈ ((1 − ε_p)/ε_p)²
-instead (the clean rows sit near the mean along v, the poisons far from it). The model is
-judged backdoored when some label's ratio s_y/s₀ exceeds `factor` (2 by default); the
-flagged class is the label of largest ratio.
+A label holding a minority ε_p ≤ q of poisons far from its clean rows gives a separation of
+the order of ((1 − ε_p)/ε_p)² instead (the clean rows sit near the mean along v, the poisons
+far from it). The model is judged backdoored when some label's ratio s_y/s₀ exceeds `factor`
+(2 by default); the flagged class is the label of largest ratio. The verdict is only as
+good as the representation's separation of the poisons: on a tiny digits MLP whose poisons
+are 10% of the target label, the removal still catches ~79% of them while the target's ratio
+(1.9, the largest of the labels) stays under 2.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ class SpectralSignatures(BackdoorDefense):
 
     def __init__(self, layer: str | None = None, epsilon: float = 0.1, factor: float = 2.0) -> None:
         self.layer = check_layer(self.name, layer)
-        self.epsilon = check_number(self.name, "epsilon", epsilon, low=0.0, high=1 / 1.5)
+        self.epsilon = check_number(self.name, "epsilon", epsilon, low=0.0, high=0.5)
         self.factor = check_number(self.name, "factor", factor, low=0.0)
 
     def inspect(self, model: nn.Module, evidence: BackdoorEvidence) -> Detection:
@@ -109,7 +112,7 @@ class SpectralSignatures(BackdoorDefense):
             separation.append(high / max(float(rest.mean()), 1e-12 * high) if high > 0 else 1.0)
             removed.append(rows[order[:count]])
         flagged_rows = np.sort(np.concatenate(removed)) if removed else np.zeros(0, np.int64)
-        null = gaussian_separation(min(1.0, 1.5 * self.epsilon))
+        null = gaussian_separation(1.5 * self.epsilon)
         ratio = [None if v is None else v / null for v in separation]
         judged = [c for c, v in enumerate(ratio) if v is not None]
         flagged_class = max(judged, key=lambda c: ratio[c]) if judged else None  # type: ignore[arg-type, return-value]
