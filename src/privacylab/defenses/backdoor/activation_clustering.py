@@ -14,6 +14,11 @@ size that overlap. A label is flagged when its smaller cluster's share is below
 the small clusters of the flagged labels, and the flagged class the flagged label whose split
 is the most separated (the backdoor's target in an all-to-one attack). With `retrain`, the
 mitigation is the paper's: train again without the flagged rows.
+
+Thresholds: 0.35 for the relative size follows the paper (poisons at most a third of a
+label); the paper gives no single silhouette cut, so 0.2 is privacylab's, for components of
+unit variance (FastICA whitens; PCA is whitened here too so one cut serves both). Measured on
+a small digits MLP: clean labels 0.07-0.14, the poisoned label (15% poisons) 0.33.
 """
 
 from __future__ import annotations
