@@ -407,6 +407,15 @@ def test_tables_curves_and_published_numbers(report: Path) -> None:
     assert spectral1[4] == "fails"
     assert len(cells) == 8, "4 defences at 2 rates, each beside its attacked model"
     assert "PreAct-ResNet18" in PUBLISHED_SOURCE
+    badnets = re.search(
+        r'<table class="sortable backdoor-table-badnets">.*?</table>', section, re.S
+    )
+    eps = [
+        c[0]
+        for r in re.findall(r"<tr>(.*?)</tr>", badnets.group(0), re.S)
+        if (c := re.findall(r">([^<]*)</td>", r))
+    ]
+    assert eps == ["∞", "∞", "1", "8"]
     runs = re.search(r'<table class="sortable backdoor-trojan-runs">.*?</table>', section, re.S)
     run = [
         c

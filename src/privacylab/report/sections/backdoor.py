@@ -242,6 +242,8 @@ as percentages."""
 
 
 def _column_kind(key: str, rows: Sequence[Mapping[str, Any]]) -> str:
+    if key.lower() in ("epsilon", "eps", "ε"):
+        return "epsilon"
     values = [r.get(key) for r in rows]
     numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if not numbers:
@@ -252,6 +254,11 @@ def _column_kind(key: str, rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _value_cell(value: Any, kind: str = "") -> str:
+    if kind == "epsilon" and (value is None or isinstance(value, (int, float))):
+        x = number(value)
+        if x is None or math.isinf(x):
+            return num_cell(float("inf"), "∞", title="non-private")
+        return num_cell(x, f"{x:.3g}")
     if isinstance(value, bool) or value is None:
         return text_cell(None if value is None else _yes_no(value))
     if isinstance(value, (int, float)) and kind == "percent":
@@ -268,7 +275,8 @@ def _value_cell(value: Any, kind: str = "") -> str:
 
 def generic_table(name: str, rows: Sequence[Mapping[str, Any]]) -> str:
     """A benchmark table as it comes: one column per key (in first-seen order), numbers
-    formatted, nested values as short JSON, every text escaped."""
+    formatted (rates as percentages, an "epsilon" column with "∞" for None), nested values
+    as short JSON, every text escaped."""
     keys: list[str] = []
     for row in rows:
         keys += [str(k) for k in row if str(k) not in keys]
