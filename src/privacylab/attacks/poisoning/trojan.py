@@ -184,12 +184,13 @@ class Trojan(ModelTrojanAttack):
         inversion_lr: float = 0.05,
         inversion_value: float = 1.0,
         init_noise: float = 0.2,
+        init_average: int | None = 1,
         denoise: bool = True,
         tv_weight: float = 0.02,
         tv_iterations: int = 10,
         retrain_epochs: int = 30,
         retrain_batch: int = 64,
-        lr: float = 1e-3,
+        lr: float = 1e-2,
         seed: int = 0,
     ) -> None:
         if selection not in SELECTIONS:
@@ -229,6 +230,7 @@ class Trojan(ModelTrojanAttack):
         self.inversion_lr = _number("inversion_lr", inversion_lr)
         self.inversion_value = float(inversion_value)
         self.init_noise = _number("init_noise", init_noise, zero=True)
+        self.init_average = None if init_average is None else _option("init_average", init_average)
         self.denoise = denoise
         self.tv_weight = _number("tv_weight", tv_weight)
         self.tv_iterations = _option("tv_iterations", tv_iterations)
@@ -357,8 +359,14 @@ class Trojan(ModelTrojanAttack):
         model's predictions."""
         k = self.images_per_class
         classes = torch.arange(task.num_classes).repeat_interleave(k).to(device)
+        n = len(classes)
         if task.public is not None:
-            start = task.public.float().mean(dim=0, keepdim=True)
+            public = task.public.float()
+            many = len(public) if self.init_average is None else min(self.init_average, len(public))
+            rows = torch.stack(
+                [torch.randperm(len(public), generator=generator)[:many] for _ in range(n)]
+            )
+            start = public[rows].mean(dim=1)
         else:
             start = torch.rand((256, *task.input_shape), generator=generator).mean(0, keepdim=True)
         noise = torch.randn((len(classes), *task.input_shape), generator=generator)
