@@ -91,7 +91,7 @@ class Runner:
         options: dict[str, Any] = {**self._common(train_size, seed), "poisons": poisons}
         if trigger is not None:
             options["trigger"] = trigger
-        if poisons:
+        if poisons or (train_size, seed) in self.clean:
             options["clean_model"] = self._clean_model(train_size, seed)
         result, model = run_contrastive(method, **options)
         if not poisons and (train_size, seed) not in self.clean:
