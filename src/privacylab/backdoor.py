@@ -661,7 +661,7 @@ def _classifier_game(
     parts = split_rows(len(data), config)
     _write_json(
         folder / SPLITS_FILE,
-        {"dataset": config.dataset, "rows": len(data), **{k: v for k, v in parts.items()}},
+        {"dataset": config.dataset, "rows": len(data), **parts},
     )
     train, test, source = (data.subset(parts[k]) for k in ("train", "test", "source"))
     _tick(progress, "data", 1, 1)
