@@ -352,7 +352,7 @@ class Trojan(ModelTrojanAttack):
     ) -> Tensor:
         return _neuron_values(probe.output(model, self._stamp(pattern, blank, place)), neurons)[0]
 
-    def _generate_data(
+    def generate_data(
         self, model: nn.Module, task: TrojanTask, generator: torch.Generator, device: torch.device
     ) -> tuple[Tensor, Tensor, dict[str, Any]]:
         """Algorithm 2 for `images_per_class` images of every class; labels = the original
@@ -459,7 +459,7 @@ class Trojan(ModelTrojanAttack):
             probe.close()
         trigger_seconds = time.perf_counter() - clock
         clock = time.perf_counter()
-        images, labels, data_info = self._generate_data(counted, task, generator, device)
+        images, labels, data_info = self.generate_data(counted, task, generator, device)
         data_seconds = time.perf_counter() - clock
         clock = time.perf_counter()
         model, trained = self._retrain(
