@@ -8,6 +8,7 @@ escaped; bad payloads are refused in one line before anything is written."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -21,7 +22,7 @@ from matplotlib.image import imread
 from test_render_chromium import _render, chromium  # noqa: F401  (fixture)
 
 from privacylab.errors import PrivacylabError
-from privacylab.report._format import safe_name
+from privacylab.report._format import percent, safe_name
 from privacylab.report.backdoor import (
     DISPLAY_PIXELS,
     MAX_INVERTED,
@@ -574,6 +575,27 @@ def test_slug_is_a_safe_distinct_file_name(a: str, b: str) -> None:
     assert safe_name(slug(a)) and re.fullmatch(r"[A-Za-z0-9_-]+", slug(a))
     if a != b:
         assert slug(a) != slug(b)
+
+
+unit = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.text(max_size=40), unit, unit, unit)
+def test_render_escapes_any_label_and_states_the_asr(
+    label: str, asr: float, clean: float, base: float
+) -> None:
+    entry = attack("runs/x", label=label or None, asr=asr, clean_accuracy=clean, images={})
+    entry["baseline_accuracy"] = base
+    payload = {"backdoor": {"attacks": [entry]}}
+    page = BackdoorSection().render(Path("/nonexistent"), payload)
+    assert html.escape(label or "x", quote=True) in page  # the run column: label or folder
+    line = re.search(r'<p class="verdict">(.*?)</p>', page).group(1)
+    assert f"ASR {percent(asr)} " in html.unescape(line)
+    assert html.unescape(line).startswith("Backdoored" if asr >= 0.5 else "Not backdoored")
+    points = abs(clean - base) * 100
+    assert f"{points:.1f} points" in line
+    assert "<script" not in page.replace("&lt;script", "")
 
 
 def test_page_renders_in_chromium_with_every_image(report: Path, chromium: str) -> None:  # noqa: F811
