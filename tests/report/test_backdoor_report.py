@@ -496,6 +496,18 @@ def test_merge_replaces_by_key_and_keeps_everything_else(tmp_path: Path) -> None
     assert 'id="backdoor"' in render_html(tmp_path, results)
 
 
+def test_re_adding_a_stored_entry_keeps_its_pictures(report: Path, tmp_path: Path) -> None:
+    for name in report.glob("backdoor-*.png"):
+        (tmp_path / name.name).write_bytes(name.read_bytes())
+    block = _results(report)["backdoor"]
+    add_backdoor_run(tmp_path, {"attack": block["attacks"][0]})
+    add_backdoor_run(tmp_path, {"defense": block["defenses"][0]})
+    again = _results(tmp_path)["backdoor"]
+    assert again["attacks"][0]["images"] == block["attacks"][0]["images"]
+    assert again["defenses"][0]["images"] == block["defenses"][0]["images"]
+    assert "is missing" not in _section(tmp_path)
+
+
 def _add_one(args: tuple[str, int]) -> None:
     folder, i = args
     add_backdoor_run(folder, {"attack": attack(f"runs/{i}", images={})})

@@ -664,7 +664,12 @@ def _attack_files(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, byte
 def _defense_files(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, bytes]]:
     details = entry.get("details")
     details = dict(details) if isinstance(details, Mapping) else {}
-    names: dict[str, Any] = {}
+    given = entry.get("images")
+    names: dict[str, Any] = {
+        k: v
+        for k, v in (given.items() if isinstance(given, Mapping) else [])
+        if isinstance(v, str) and safe_name(v)
+    }
     files: dict[str, bytes] = {}
     if entry.get("method") == NC_METHOD:
         tag = f"backdoor-{slug(entry['folder'])}-{entry['method']}"
@@ -690,7 +695,7 @@ def _defense_files(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, byt
             ]
         pattern = details.get("flagged_pattern")
         where = [i for i, (k, _) in enumerate(masks) if k == flagged]
-        if pattern is not None and where:
+        if isinstance(pattern, list) and where:
             picture = _image(pattern, "details['flagged_pattern']")
             mask = masks[where[0]][1]
             if picture.shape[-2:] == mask.shape:
