@@ -158,7 +158,16 @@ TABLES = {
     ],
     "trojan": [
         {"row": "weights", "Orig": 0.975, "Orig Dec": 0.004, "Orig+Tri": 0.97, "Ext+Tri": 0.99},
-        {"row": "random", "orig": 0.96, "orig_dec": 0.02, "orig_tri": 0.41, "ext_tri": 0.55},
+        {
+            "group": "selection",
+            "label": "random",
+            "orig": 0.96,
+            "orig_dec": 0.02,
+            "orig_tri": 0.41,
+            "ext_tri": 0.55,
+            "phase_seconds": {"trigger_generation": 1.0, "data_generation": 2.0, "retraining": 3.0},
+            "seed": {"orig": 57.3, "orig_dec": None, "orig_tri": 47.4, "ext_tri": 99.7},
+        },
     ],
     "defenses": [{"method": "neural-cleanse", "detection_rate": 0.8, "false_positive_rate": 0.2}],
 }
@@ -396,8 +405,25 @@ def test_tables_curves_and_published_numbers(report: Path) -> None:
         assert f'src="{name}"' in section
     trojan = re.search(r'<table class="sortable backdoor-trojan">.*?</table>', section, re.S)
     head = re.findall(r'scope="col">([^<]*)<', trojan.group(0))
-    assert head == ["row", "Orig", "Orig Dec", "Orig+Tri", "Ext+Tri"]
-    assert ">97.5%<" in trojan.group(0) and ">41%<" in trojan.group(0)
+    seed_columns = ["row", "Orig", "Orig Dec", "Orig+Tri", "Ext+Tri"]
+    assert head == [*seed_columns, "group", "trigger s", "data s", "retrain s"]
+    cells = [
+        c
+        for r in re.findall(r"<tr>(.*?)</tr>", trojan.group(0), re.S)
+        if (c := re.findall(r">([^<]*)</td>", r))
+    ]
+    assert cells[0][:5] == ["weights", "97.5%", "0.4%", "97%", "99%"]
+    assert cells[1] == [
+        "random",
+        "96% (57.3%)",
+        "2.0%",
+        "41% (47.4%)",
+        "55.0% (99.7%)",
+        "selection",
+        "1.000",
+        "2.000",
+        "3.000",
+    ]
     assert "published, CIFAR-10, PreAct-ResNet18".lower() in section.lower()
     published = re.search(r'<table class="sortable backdoor-published">.*?</table>', section, re.S)
     rows = re.findall(r"<tr>(.*?)</tr>", published.group(0), re.S)

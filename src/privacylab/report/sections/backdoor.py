@@ -287,29 +287,52 @@ def generic_table(name: str, rows: Sequence[Mapping[str, Any]]) -> str:
     return sortable_table(f"backdoor-table-{name}", columns, body, text=text, empty="no rows")
 
 
+def _flat_trojan_row(row: Mapping[str, Any]) -> tuple[dict[str, Any], Mapping[str, Any]]:
+    """(the row with "phase_seconds" spread into one column per phase and without "seed",
+    the seed's numbers for it: a "seed" mapping, in percent)."""
+    flat = {str(k): v for k, v in row.items() if k not in ("phase_seconds", "seed")}
+    phases = row.get("phase_seconds")
+    if isinstance(phases, Mapping):
+        flat.update({name: phases.get(key) for key, name in _PHASES})
+    seed = row.get("seed")
+    return flat, seed if isinstance(seed, Mapping) else {}
+
+
 def trojan_table(rows: Sequence[Mapping[str, Any]], css: str = "backdoor-trojan") -> str:
     """The trojan table with the seed's columns (Orig, Orig Dec, Orig+Tri, Ext+Tri; Liu et
-    al. 2018, Table 3) as percentages after the row's label, then every other key."""
+    al. 2018, Sec. VI tables) as percentages after the row's label, each followed in brackets
+    by the seed's face-recognition number where the row carries it (a "seed" mapping in
+    percent, as benchmarks/trojan_table.py gives it), then every other key ("phase_seconds"
+    as one column per phase)."""
+    split = [_flat_trojan_row(r) for r in rows]
+    flats = [f for f, _ in split]
     plain_keys = {_plain(k) for _, keys, _ in TROJAN_COLUMNS for k in keys}
     extra: list[str] = []
-    for row in rows:
+    for row in flats:
         extra += [
-            str(k)
+            k
             for k in row
-            if _plain(k) not in plain_keys and k not in _LABEL_KEYS and str(k) not in extra
+            if _plain(k) not in plain_keys and k not in _LABEL_KEYS and k not in extra
         ]
-    kinds = {k: _column_kind(k, rows) for k in extra}
+    kinds = {k: _column_kind(k, flats) for k in extra}
+    seeded = any(seed for _, seed in split)
     columns = [("row", "row", "what the row varies")]
-    columns += [(name, name, tip) for name, _, tip in TROJAN_COLUMNS]
+    columns += [
+        (name, name, tip + ("; in brackets the seed's face-recognition number" if seeded else ""))
+        for name, _, tip in TROJAN_COLUMNS
+    ]
     columns += [(k, k.replace("_", " "), "") for k in extra]
     body = []
-    for row in rows:
+    for row, seed in split:
         by_plain = {_plain(k): v for k, v in row.items()}
+        seed_plain = {_plain(k): v for k, v in seed.items()}
         label = next((row[k] for k in _LABEL_KEYS if row.get(k) is not None), None)
         cells = [text_cell(label)]
         for _, keys, _ in TROJAN_COLUMNS:
             value = next((by_plain[k] for k in keys if k in by_plain), None)
-            cells.append(num_cell(value, percent(value)))
+            published = number(next((seed_plain[k] for k in keys if k in seed_plain), None))
+            text = percent(value) + ("" if published is None else f" ({published:g}%)")
+            cells.append(num_cell(value, text))
         cells += [_value_cell(row.get(k), kinds[k]) for k in extra]
         body.append("<tr>" + "".join(cells) + "</tr>")
     text = {"row"} | {k for k in extra if kinds[k] == "text"}
@@ -376,9 +399,8 @@ def trojan_run_rows(attacks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]
                 if k in details and (k == "neurons" or not isinstance(details[k], (list, Mapping)))
             }
         )
-        phases = details.get("phase_seconds")
-        if isinstance(phases, Mapping):
-            row.update({name: phases.get(key) for key, name in _PHASES})
+        if isinstance(details.get("phase_seconds"), Mapping):
+            row["phase_seconds"] = details["phase_seconds"]
         rows.append(row)
     return rows
 
