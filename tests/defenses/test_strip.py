@@ -184,7 +184,7 @@ def test_triggered_inputs_have_low_entropy(game: Game) -> None:
 def test_frr_near_the_chosen_rate_and_far_low(game: Game) -> None:
     details = game.bad_detection.details
     assert details["far"] < 0.15
-    assert details["frr"] == details["frr_calibration"] <= 0.01
+    assert details["frr"] <= 0.01
     reject = game.bad_detection.mitigation.reject
     frr_default = reject(game.test.features).mean()
     assert frr_default <= 0.04
