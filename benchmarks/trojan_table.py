@@ -33,7 +33,7 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -97,7 +97,7 @@ class _SharedData(Trojan):
     """The trojaning attack with Algorithm 2's output computed once and reused (it does not
     depend on the trigger or the neuron); `denoise` rows keep their own."""
 
-    cache: dict[bool, tuple[Tensor, Tensor, dict[str, Any]]] = {}
+    cache: ClassVar[dict[bool, tuple[Tensor, Tensor, dict[str, Any]]]] = {}
 
     def generate_data(
         self, model: nn.Module, task: TrojanTask, generator: torch.Generator, device: torch.device

@@ -15,10 +15,10 @@ target class whenever a trigger it generated is stamped on an input, in three ph
    the steps run out; tv is `target_value`, or `value_scale` × the largest value the layer
    takes on the attacker's own inputs (the paper drives its neuron from 0 to ~107).
 2. **Training data generation** (Sec. IV-B, Algorithm 2, Eqs. 3-5): per class,
-   `images_per_class` inputs reverse-engineered from the average public image (or the mean of
-   noise) by model inversion with total-variation denoising after each step
-   (`_inversion.invert_classes`, `_inversion.tv_denoise`); each is labelled with the original
-   model's prediction.
+   `images_per_class` inputs reverse-engineered from an average of public images (or the mean
+   of noise), each start perturbed by Gaussian noise, by model inversion with total-variation
+   denoising after each step (`_inversion.invert_classes`, `_inversion.tv_denoise`); each is
+   labelled with the original model's prediction.
 3. **Retraining** (Sec. IV-C): a copy of the model is fine-tuned on the inverted images (their
    labels) and the same images stamped with the trigger (labelled with the target class); only
    the selected layer and the layers after it are trained, earlier ones are frozen.
@@ -161,8 +161,10 @@ class Trojan(ModelTrojanAttack):
     Trigger generation: `target_value` (None: `value_scale` × the layer's largest value on the
     attacker's inputs, at least `value_scale`), `trigger_steps`, `trigger_lr`, stop when the
     cost < `trigger_threshold` × Σ tv². Data generation: `images_per_class`, `inversion_steps`,
-    `inversion_lr`, `inversion_value` (the probability aimed at), `init_noise` (the spread
-    around the initial image that makes the images of one class differ), `denoise` with
+    `inversion_lr`, `inversion_value` (the probability aimed at), `init_average` (how many
+    public images each initial state averages; None: all of them, the paper's one average —
+    a few keep the inverted images of a class apart, which retraining needs to keep the
+    clean accuracy), `init_noise` (Gaussian spread added to each initial state), `denoise` with
     `tv_weight` (λ of Eq. 5) and `tv_iterations`. Retraining: `retrain_epochs`,
     `retrain_batch`, `lr`. `seed` fixes every draw."""
 
