@@ -255,18 +255,8 @@ def defend_backdoor_command(
     and adds the run to TARGET's report."""
 
     def run() -> None:
-        from privacylab.backdoor import (
-            DEFENSE_METHODS,
-            defend_backdoor,
-            run_folder,
-        )
-        from privacylab.defenses.backdoor import backdoor_defense_names
+        from privacylab.backdoor import defend_backdoor, run_folder
 
-        names = sorted(set(DEFENSE_METHODS) | set(backdoor_defense_names()))
-        if method not in backdoor_defense_names():
-            raise PrivacylabError(
-                f"unknown backdoor defence {method!r}; choose one of {', '.join(names)}"
-            )
         if device is not None:
             _device(device)
         options = _options(option)
