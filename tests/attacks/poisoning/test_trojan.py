@@ -234,8 +234,10 @@ def test_output_neuron_selection_drives_the_target_logit(game: Game) -> None:
     attack = Trojan(
         **{**FAST, "images_per_class": 2, "retrain_epochs": 1, "inversion_steps": 5},
         selection="output",
+        init_average=None,
     )
-    out = attack.run(Target(game.model, Access.WHITEBOX, 10), TrojanTask(SHAPE, 10, 7))
+    task = TrojanTask(SHAPE, 10, 7, public=game.public)
+    out = attack.run(Target(game.model, Access.WHITEBOX, 10), task)
     assert out.layer == "5" and out.neurons == (7,)
     assert out.details["neuron_value_after"][0] > out.details["neuron_value_before"][0]
 
@@ -260,6 +262,7 @@ def test_registered() -> None:
         {"tv_weight": -1.0},
         {"retrain_epochs": 0},
         {"denoise": "yes"},
+        {"init_average": 0},
     ],
 )
 def test_bad_options_are_one_line(options: dict[str, object]) -> None:

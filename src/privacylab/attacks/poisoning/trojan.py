@@ -363,12 +363,17 @@ class Trojan(ModelTrojanAttack):
         classes = torch.arange(task.num_classes).repeat_interleave(k).to(device)
         n = len(classes)
         if task.public is not None:
-            public = task.public.float()
-            many = len(public) if self.init_average is None else min(self.init_average, len(public))
-            rows = torch.stack(
-                [torch.randperm(len(public), generator=generator)[:many] for _ in range(n)]
-            )
-            start = public[rows].mean(dim=1)
+            public = task.public.float().cpu()
+            if self.init_average is None or self.init_average >= len(public):
+                start = public.mean(dim=0, keepdim=True)
+            else:
+                rows = torch.stack(
+                    [
+                        torch.randperm(len(public), generator=generator)[: self.init_average]
+                        for _ in range(n)
+                    ]
+                )
+                start = public[rows].mean(dim=1)
         else:
             start = torch.rand((256, *task.input_shape), generator=generator).mean(0, keepdim=True)
         noise = torch.randn((len(classes), *task.input_shape), generator=generator)
