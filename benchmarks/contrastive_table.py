@@ -15,6 +15,26 @@ images classified as the target label — and of the backdoor z-score, Sec. 5.1)
 - `targeted`: clip-poison success against the poisoned pairs per target image (Sec. 4.1, 5
   target images per model).
 
+Measured (2026-11-24, 2 shared cores at load ~13, 10 epochs, 500 test images; the full grid
+one seed in 1,645 s, `--quick --first-seed 1` a second seed; seed 0 [2-seed mean where run]):
+
+- fixed corner 4-px checkerboard, N = 0/2/5/10/20/40/100 of 4,000: ASR 0.01/0.38/0.76
+  [0.78]/0.85/0.99 [0.99]/1.00 [1.00]/1.00, z-score 0.31/5.0/8.2/10.5/15.7/13.9/14.3 (clean
+  model 0.31). A backdoor from 2 pairs (0.05%) is measurable, from 20 (0.5%) complete — the
+  paper's "0.01%" regime, at toy scale. Zero-shot accuracy 0.90-0.95 throughout (clean 0.908).
+- random place: ASR <= 0.05 and z ~ 0 up to N = 40 (1%), ASR 0.19 / z 0.67 at N = 100. This is
+  the OPPOSITE of the paper's finding (random beats fixed): our tiny CNN trained 10 epochs does
+  not learn a position-invariant patch detector from N examples at N places (a variant with
+  global max+mean pooling instead of the flattened head, tried once at N = 40, failed alike:
+  ASR 0.01); on 8x8 digits with 60 of 800 pairs (7%) a random 3-px patch reaches ASR 0.50.
+- patch size at N = 20, corner: 2/4/6 px ASR 0.94 [0.90]/0.99/0.99, z 12.5/15.7/16.3 — even a
+  2-px patch backdoors the model (as the paper says of small patches); random: all fail.
+- dataset size at N = 20, corner: 1,000/2,000/4,000 pairs ASR 0.98/1.00/0.99 (z 13.2/15.0/15.7)
+  while zero-shot accuracy grows 0.79 -> 0.91: success does not depend on the dataset size at
+  fixed N, as the paper finds (so the poison *rate* needed falls as the data grows).
+- targeted poisoning, 5 targets in one model, N = 1/2/5/10/20 pairs per target: success
+  0.00 [0.10]/0.60/1.00 [0.90]/1.00/1.00 [1.00] (clean model 0.00 throughout).
+
 Every finished cell goes to a `ResultStore` (`--store`), so a re-run resumes and a second run
 trains nothing. Progress on stderr; `--json` prints one JSON object.
 
