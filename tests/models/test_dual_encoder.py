@@ -72,7 +72,7 @@ def test_logits_are_scaled_cosines_and_the_scale_is_clamped() -> None:
     torch.testing.assert_close(model(images, ids), cos / 0.07, rtol=1e-4, atol=1e-4)
     with torch.no_grad():
         model.log_scale.fill_(10.0)
-    assert float(model.logit_scale) == MAX_LOGIT_SCALE
+    assert float(model.logit_scale.detach()) == MAX_LOGIT_SCALE
 
 
 def test_padding_does_not_change_a_caption() -> None:
