@@ -97,7 +97,9 @@ def test_zero_shot_head_is_argmax_cosine_to_class_mean_prompts(trained) -> None:
     assert head.num_classes == 10 and logits.shape == (len(x), 10)
     np.testing.assert_array_equal(logits.argmax(1).numpy(), expected)
     np.testing.assert_allclose(
-        logits.double().numpy(), float(model.logit_scale) * f @ np.array(weights).T, atol=1e-3
+        logits.double().numpy(),
+        float(model.logit_scale.detach()) * f @ np.array(weights).T,
+        atol=1e-3,
     )
 
 
