@@ -29,9 +29,10 @@ Defences (`privacylab.defenses.backdoor`, by registry name, their default option
 Every unit (a trained model, one defence on one model) is written to a
 `privacylab.execution.store.ResultStore` (``--store``, by default ``backdoor_defenses.sqlite``
 in the working directory; the models' training checkpoints in a folder beside it) as it
-finishes; a killed run resumes where it stopped. ``--report DIR`` merges the table into a
-report folder (`privacylab.report.backdoor.add_backdoor_run(DIR, {"tables": {"defenses":
-rows}})`).
+finishes (a defence's key holds a hash of its whole configuration, so a result made under
+other defaults is not reused); a killed run resumes where it stopped. ``--report DIR`` merges
+the table into a report folder (`privacylab.report.backdoor.add_backdoor_run(DIR,
+{"tables": {"defenses": rows}})`).
 
 Published, not measured here: BackdoorBench (Wu et al. 2022, NeurIPS Datasets and
 Benchmarks), CIFAR-10, PreAct-ResNet18, BadNets — the leaderboard's data file
@@ -192,6 +193,28 @@ def defence_units(
             continue
         units.append((f"{spec['key']}/{name}", name, {}))
     return units
+
+
+def defence_fingerprint(name: str, options: dict[str, Any]) -> str:
+    """A short key of the defence's whole configuration (its defaults included), so a stored
+    result made under other defaults is computed again rather than reused."""
+    defence = make_backdoor_defense(name, **options)
+    plain = {
+        k: v
+        for k, v in sorted(vars(defence).items())
+        if isinstance(v, str | int | float | bool | type(None))
+        or (isinstance(v, list | tuple) and all(isinstance(x, str | int | float) for x in v))
+    }
+    return config_key(plain)[:12]
+
+
+def recipe_fingerprint(recipe: VictimRecipe) -> dict[str, Any]:
+    """The recipe's fields that shape a non-private model (DP-SGD's only when private)."""
+    fields = recipe.to_dict()
+    if recipe.epsilon is None:
+        for name in ("delta", "max_grad_norm", "private_lr", "private_batch_size"):
+            fields.pop(name)
+    return fields
 
 
 def run_defence(
@@ -386,7 +409,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     work = store_path.with_suffix(".models")
     setting = {
         "quick": quick,
-        "recipe": recipe.to_dict(),
+        "recipe": recipe_fingerprint(recipe),
         "rows": [len(d) for d in data],
         "trigger": TRIGGER,
     }
@@ -406,7 +429,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"({time.perf_counter() - start:.0f}s)"
                 )
             models.append(stored)
-            for key, name, options in defence_units(spec, quick, nc_seeds):
+            for unit, name, options in defence_units(spec, quick, nc_seeds):
+                key = f"{unit}/{defence_fingerprint(name, options)}"
                 done = store.get(namespace + "defense", key)
                 if done is None:
                     if built is None:
