@@ -62,7 +62,7 @@ mitigation and are noisy on a shared machine):
 * Spectral signatures: no verdict of backdoor (0/4), flagged-row precision 0.01 / 0.08, recall
   0.11 / 0.12; retrained without them the ASR stays 0.97 / 1.00 — it fails, as BackdoorBench
   finds (74% and 92% ASR left).
-* Fine-pruning: ASR 0.97 → 0.06 at 1% and 1.00 → 0.04 at 10%, accuracy 0.95 → 0.91 (its
+* Fine-pruning: ASR 0.97 → 0.06 at 1% and 1.00 → 0.04 at 10%, accuracy 0.95 / 0.94 → 0.91 (its
   10-epoch fine-tune; BackdoorBench: 0.20 and 0.57 left).
 """
 

@@ -34,7 +34,8 @@ Defences, each on the same poisoned model and the same data (the truth: the pois
 last rows of X ∪ P):
 
 * ``activation-clustering``: ours (whole activation of the layer feeding the last Linear,
-  through a forward hook; FastICA to 10 dims, seeded 2-means, small cluster < 35% and
+  through a forward hook; whitened PCA to 10 dims — FastICA's sources are a rotation of
+  it, so 2-means finds the same clusters —, seeded 2-means, small cluster < 35% and
   silhouette > 0.15) vs `ActivationDefence` **as shipped** (its default: PCA, cluster analysis
   "smaller", which marks the smaller cluster of *every* class as poison, and the layer
   ``layer_names[-1]``, which for an `nn.Sequential` is the *logits* layer) and **matched**
