@@ -429,7 +429,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     store_path = args.store or Path(
         "backdoor_defenses_quick.sqlite" if quick else "backdoor_defenses.sqlite"
     )
-    work = store_path.with_suffix(".models")
     setting = {
         "quick": quick,
         "recipe": recipe_fingerprint(recipe),
@@ -437,6 +436,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "trigger": TRIGGER,
     }
     namespace = f"backdoor-defenses-{config_key(setting)[:16]}-"
+    work = store_path.with_suffix(".models") / config_key(setting)[:16]
     models, runs = [], []
     with ResultStore(store_path) as store:
         for spec in model_specs(quick, seeds, clean_models):
