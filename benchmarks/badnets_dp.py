@@ -22,30 +22,30 @@ one trained model is one draw.
 `--quick`: rates 0.01 only, ε none and 8. Progress on stderr; stdout holds the table (or one
 JSON object with `--json`). Not resumable (a few minutes on two idle CPU cores).
 
-Measured here (seed 0, one thread per run, `--epsilons` none / 1 / 8 run as three processes
-on a shared, heavily loaded 2-core machine, so the seconds are wall-clock under ~9x
-oversubscription; a model costs ~17 CPU-seconds non-private):
+Measured here (seed 0, one thread per run, each `--epsilons` value run as its own process on
+a shared 2-core machine; the seconds are wall-clock, the DP rows' under ~9x
+oversubscription — a non-private model costs ~17 CPU-seconds):
 
-      eps    rate    k clean acc pois acc    ASR base ASR  bound k<ASR.5
-        -  0.0025    9     0.926    0.932  0.689    0.002      -       -
-        -  0.0050   18     0.926    0.933  0.953    0.002      -       -
-        -  0.0100   35     0.926    0.933  0.975    0.002      -       -
-        -  0.0200   71     0.926    0.931  0.975    0.002      -       -
-        1  0.0025    9     0.809    0.810  0.041    0.032  1.000       2
-        1  0.0050   18     0.809    0.809  0.046    0.032  1.000       2
-        1  0.0100   35     0.809    0.813  0.086    0.032  1.000       2
-        1  0.0200   71     0.809    0.811  0.213    0.032  1.000       2
-        8  0.0025    9     0.875    0.884  0.061    0.019  1.000       0
-        8  0.0050   18     0.875    0.882  0.103    0.019  1.000       0
-        8  0.0100   35     0.875    0.879  0.456    0.019  1.000       0
-        8  0.0200   71     0.875    0.876  0.863    0.019  1.000       0
+      eps    rate    k clean acc pois acc    ASR base ASR  bound k<ASR.5   sec
+        -  0.0025    9     0.935    0.937  0.801    0.002      -       -    15
+        -  0.0050   18     0.935    0.932  0.984    0.002      -       -    14
+        -  0.0100   35     0.935    0.938  0.990    0.002      -       -    18
+        -  0.0200   71     0.935    0.938  0.974    0.002      -       -    17
+        1  0.0025    9     0.809    0.810  0.041    0.032  1.000       2   120
+        1  0.0050   18     0.809    0.809  0.046    0.032  1.000       2    78
+        1  0.0100   35     0.809    0.813  0.086    0.032  1.000       2    80
+        1  0.0200   71     0.809    0.811  0.213    0.032  1.000       2    83
+        8  0.0025    9     0.875    0.884  0.061    0.019  1.000       0   125
+        8  0.0050   18     0.875    0.882  0.103    0.019  1.000       0   105
+        8  0.0100   35     0.875    0.879  0.456    0.019  1.000       0   105
+        8  0.0200   71     0.875    0.876  0.863    0.019  1.000       0   152
 
 Non-private, BadNets reaches ASR >= 95 % from 0.5 % poison with the poisoned model's accuracy
-within 1 point of the clean model's (above it, here). At 1 % over seeds 0, 1, 2: ASR 0.975,
-0.944, 0.994, clean accuracy 0.926 / 0.935 / 0.936 against poisoned 0.933 / 0.931 / 0.940;
-at 0.5 %: 0.953, 0.957, 0.935 (one seed in three falls just under 95 % at each rate).
+within 1 point of the clean model's. At 1 % over seeds 0, 1, 2: ASR 0.990, 0.956, 0.996,
+clean accuracy 0.935 / 0.938 / 0.942 against poisoned 0.938 / 0.935 / 0.947; at 0.5 %: 0.984,
+0.945, 0.869 (0.5 % is the edge: two seeds in three fall below 95 % there, none at 1 %).
 DP-SGD cuts the ASR sharply at the same k (ε = 1: 0.09 at 1 %, 0.21 at 2 %; ε = 8: 0.46 at 1 %,
-0.86 at 2 %) at a price in clean accuracy (0.81 at ε = 1, 0.875 at ε = 8, against 0.926) —
+0.86 at 2 %) at a price in clean accuracy (0.81 at ε = 1, 0.875 at ε = 8, against 0.935) —
 but the guarantee behind it is vacuous at these k: the group-privacy bound is 1 in every row
 (at ε = 1 it is 0.087 for one poison and 0.24 for two; `k<ASR.5`, the most poisons for which
 the bound stays below 1/2, is 2 at ε = 1 and 0 at ε = 8). The measured resistance is
