@@ -38,9 +38,10 @@ class VictimRecipe:
     0.975, 0.944, 0.994 at 1 % (clean accuracy 0.926-0.936), 30 epochs at 1e-3 0.974, 0.946.
     About 17 CPU-seconds per model. The small CNN of the DP literature (`cnn`, ReLU) learns
     the corner patch far less at 1 % (Adam at 1e-3, batch 64: ASR 0.57 at 20 epochs, 0.72 at
-    40; at 3e-3, 0.85), though its clean accuracy is higher (0.965). Under DP-SGD (clip 1, Poisson batches of 256 expected rows, Adam at 5e-3,
-    20 epochs; δ = 1e-5) the MLP reaches 0.875 test accuracy at ε = 8 and 0.81 at ε = 1;
-    Adam at 2e-3 gave 0.87 at ε = 8, at 1e-2 0.86 (ε = 8) and 0.75 (ε = 1).
+    40; at 3e-3, 0.85), though its clean accuracy is higher (0.965). Under DP-SGD (clip 1,
+    Poisson batches of 256 expected rows, Adam at 5e-3, 20 epochs; δ = 1e-5) the MLP reaches
+    0.875 test accuracy at ε = 8 and 0.81 at ε = 1; Adam at 2e-3 gave 0.87 at ε = 8, at 1e-2
+    0.86 (ε = 8) and 0.75 (ε = 1).
     `benchmarks/badnets_dp.py` gives the full table."""
 
     model: str = "mlp"
