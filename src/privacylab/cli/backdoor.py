@@ -98,7 +98,7 @@ def attack_backdoor_command(
             "--trigger",
             help="SHAPE:SIZE@POSITION[:OPACITY], e.g. square:4@corner, pattern:3@random, "
             "logo:7@3,4, or corner/random [badnets square:4@corner, trojan square:7@corner, "
-            "clip-backdoor pattern:4@random].",
+            "clip-backdoor pattern:4@corner].",
         ),
     ] = None,
     target_class: Annotated[

@@ -180,7 +180,7 @@ class ClipBackdoor(DataPoisoningAttack):
     name = "clip-backdoor"
     threat_model: ClassVar[ThreatModel] = _THREAT
 
-    def __init__(self, trigger: str | Trigger = "pattern:4@random", seed: int = 0) -> None:
+    def __init__(self, trigger: str | Trigger = "pattern:4@corner", seed: int = 0) -> None:
         try:
             self.trigger = parse_trigger(trigger)
         except TriggerError as error:
@@ -349,7 +349,7 @@ def run_contrastive(
     *,
     data: Dataset,
     poisons: int,
-    trigger: str | Trigger = "pattern:4@random",
+    trigger: str | Trigger = "pattern:4@corner",
     target_class: int = 0,
     train_size: int = 4000,
     test_size: int = 500,
