@@ -43,27 +43,27 @@ leaves 86.2% and spectral signatures 92.4%; at 1% poison (ASR 74.7%) NC 0.9%, AC
 spectral 74.2% (spectral fails, AC only partly works), fine-pruning 20.2%.
 
 Measured (``OMP_NUM_THREADS=1 python benchmarks/backdoor_defenses.py --json``, defaults: 2
-seeds per rate, 5 clean models, one NC run of 3 restarts per model; the MLP recipe; a re-run
-from the store reproduces every number but the seconds, which include each defence's
-mitigation and are noisy on a shared machine):
+seeds per rate, 5 clean models, one NC run of 3 restarts per model; `VictimRecipe()` = the MLP
+at Adam 2e-3; a re-run from the store reproduces every number but the seconds, which include
+each defence's mitigation and are noisy on a shared machine):
 
-* Models: BadNets 1% (35 poisons) ASR 0.963 / 0.984, accuracy 0.944 / 0.950; 10% (389)
-  ASR 1.000 / 0.999, accuracy 0.945 / 0.943; clean models accuracy 0.942-0.951, the trigger's
-  ASR on them 0.002-0.003.
+* Models: BadNets 1% (35 poisons) ASR 0.966 / 0.989, accuracy 0.953 / 0.943; 10% (389)
+  ASR 0.998 / 1.000, accuracy 0.949 / 0.951; clean models accuracy 0.927-0.956, the trigger's
+  ASR on them 0.002-0.004.
 * Neural Cleanse: 10% detected 2/2, target class named 2/2 (6/6 restarts), mean anomaly index
-  2.34, unlearning ASR 1.00 → 0.01 at accuracy 0.94 → 0.93 (BackdoorBench: 0.95 → 0.013);
-  1% detected 0/2 (1/6 restarts, index 1.64), ASR stays 0.97 (BackdoorBench's NC does remove
-  it at 1% on CIFAR-10: 0.747 → 0.009). False positives on clean models: 1/5 runs (clean-s3,
-  class 5, index 2.18), 2/15 restarts; mean index 1.28.
-* STRIP (filter): FRR 0.01; FAR 0.48 at 1% and 0.07 at 10%, so ASR with the filter 0.97 →
-  0.46 and 1.00 → 0.07 at accuracy −0.01.
-* Activation clustering: flags nothing on any backdoored model (0/4, recall 0) and 1/5 clean
-  models — it fails at both rates on this MLP (BackdoorBench: 86% ASR left at 10%, 27% at 1%).
-* Spectral signatures: no verdict of backdoor (0/4), flagged-row precision 0.01 / 0.08, recall
-  0.11 / 0.12; retrained without them the ASR stays 0.97 / 1.00 — it fails, as BackdoorBench
+  3.20, unlearning ASR 1.00 → 0.01 at accuracy 0.95 → 0.94 (BackdoorBench: 0.95 → 0.013);
+  1% detected 1/2 (4/6 restarts, target named), mean ASR 0.98 → 0.49. False positives on
+  clean models: 1/5 runs, 3/15 restarts (0.20); mean index 1.52.
+* STRIP (filter): FRR 0.01; FAR 0.41 at 1% and 0.05 at 10%, so ASR with the filter 0.98 →
+  0.39 and 1.00 → 0.05 at accuracy −0.01 to −0.02.
+* Activation clustering: at 1% flags 2/2 models (the target in 1 of 2), precision 0.21,
+  recall 0.39, retrained ASR 0.82; at 10% flags nothing (0/2); clean models flagged 2/5 — it
+  fails (BackdoorBench: 27% ASR left at 1%, 86% at 10%).
+* Spectral signatures: no verdict of backdoor (0/4), flagged-row precision 0.03 / 0.09, recall
+  0.41 / 0.13; retrained without them the ASR stays 0.96 / 1.00 — it fails, as BackdoorBench
   finds (74% and 92% ASR left).
-* Fine-pruning: ASR 0.97 → 0.06 at 1% and 1.00 → 0.04 at 10%, accuracy 0.95 / 0.94 → 0.91 (its
-  10-epoch fine-tune; BackdoorBench: 0.20 and 0.57 left).
+* Fine-pruning: ASR 0.98 → 0.23 at 1% and 1.00 → 0.18 at 10%, accuracy 0.95 → 0.92
+  (BackdoorBench: 0.20 and 0.57 left).
 """
 
 from __future__ import annotations

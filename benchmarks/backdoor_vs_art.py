@@ -86,32 +86,32 @@ activation reading once took only the first channel of unflattened conv outputs 
 ART's k-means is unseeded, so `np.random` is seeded before each ART call.
 
 Measured (``OMP_NUM_THREADS=1 python benchmarks/backdoor_vs_art.py --json``, seed 0, ART
-1.20.1, the MLP recipe, one thread on a shared 2-core machine; seconds are noisy):
+1.20.1, `VictimRecipe()` = the MLP at Adam 2e-3, one thread on a shared 2-core machine;
+seconds are noisy):
 
 * Attacks: both toolkits' poisoned sets are byte-identical for both triggers and both rates, so
-  each pair shares one model and one ASR. ``art-pattern``: ASR 0.826 at 1% (35 poisons), 0.992
-  at 10%; ``square:4@corner``: 0.956 at 1%, 0.997 at 10%; clean accuracy 0.941-0.948 against
-  0.944 for the clean model (whose ASR is 0.002-0.003).
-* Neural Cleanse (ours only): 10% model flagged, class 0 named, anomaly index 2.19, unlearning
-  ASR 0.997 → 0.018 at accuracy 0.930 (111 s); 1% model not flagged (index 1.50).
-* STRIP on the same filter metric: ours FAR 0.68 (1%) / 0.09 (10%) at FRR 0.006 / 0.010,
-  7.1 / 6.4 s; ART FAR 1.00 / 0.97 at FRR 0.012 / 0.010, 59.6 / 57.1 s (ours/ART seconds
-  0.12 / 0.11). ART superimposes by averaging (0.5·x + 0.5·x'), ours adds and clips as Gao et
-  al.'s code does; ours with ``blend="average"`` on the same models gives FAR 0.95 / 0.51 (FRR
-  0.013 / 0.010), so the blend accounts for most of ART's failure (the rest: its normal-fit
+  each pair shares one model and one ASR. ``art-pattern``: ASR 0.830 at 1% (35 poisons), 0.997
+  at 10%; ``square:4@corner``: 0.979 at 1%, 0.997 at 10%; clean accuracy 0.949-0.953 against
+  0.952 for the clean model (whose ASR is 0.003).
+* Neural Cleanse (ours only): both models flagged, class 0 named (anomaly index 2.37 / 2.70),
+  unlearning ASR → 0.019 / 0.027 at accuracy 0.939 / 0.947 (27.5 / 12.8 s).
+* STRIP on the same filter metric: ours FAR 0.46 (1%) / 0.12 (10%) at FRR 0.007 / 0.013;
+  ART FAR 0.99 / 0.97 at FRR 0.010 / 0.008; ours/ART seconds 0.11 / 0.15. ART superimposes by
+  averaging (0.5·x + 0.5·x'), ours adds and clips as Gao et al.'s code does; ours with
+  ``blend="average"`` on the earlier (Adam 1e-3) models gave FAR 0.95 / 0.51 against 0.68 /
+  0.09 with "add", so the blend accounts for most of ART's failure (the rest: its normal-fit
   threshold and per-sample entropy sum).
-* Activation clustering: ours flags nothing at either rate (0 rows); ART as shipped flags the
-  smaller cluster of every class (1,628 / 1,693 rows; precision 0.01 / 0.11, recall 0.57 /
-  0.46; by the smallest share it names class 5 at 1% and the target 0 at 10%); ART matched
-  flags classes 8 / 1 (precision 0.04 / 0.00) and its retrained model keeps ASR 0.89 / 1.00.
-* Spectral signatures (ε = 0.1, 15% of each label removed): ours precision 0.009 / 0.104,
-  recall 0.14 / 0.16, ASR after retraining 0.96 / 1.00; ART matched precision 0.019 / 0.187,
-  recall 0.29 / 0.28, ASR after 0.97 / 0.99; ART as shipped removes half of every class
-  (recall 0.60 / 0.51 at precision 0.01 / 0.10). Both fail on this MLP at both rates, as
-  BackdoorBench finds for CIFAR-10 (see `backdoor_defenses.py`).
-* Detection seconds, ours / ART: activation clustering 1.6 / 0.67 against ART matched (8.0 /
-  5.5 against as shipped, which reads the 10 logits instead of 256 features); spectral 0.88 /
-  0.69 against matched.
+* Activation clustering: ours flags nothing at either rate; ART as shipped flags the smaller
+  cluster of every class (1,605 / 1,790 rows, precision 0.02 / 0.18, recall 0.77 / 0.82);
+  ART matched names class 8 both times (precision 0.05 / 0.00, recall 0.74 / 0.00) and its
+  retrained model keeps ASR 0.60 / 0.99.
+* Spectral signatures (ε = 0.1, 15% of each label removed): ours precision 0.03 / 0.10, recall
+  0.51 / 0.15, ASR after retraining 0.92 / 1.00; ART matched precision 0.04 / 0.19, recall
+  0.66 / 0.29, ASR after 0.88 / 1.00; ART as shipped removes half of every class. Both fail
+  here, as BackdoorBench finds on CIFAR-10 (see `backdoor_defenses.py`).
+* Detection seconds, ours / ART matched: activation clustering 1.27 / 0.21, spectral 2.36 /
+  0.66 (sub-second runs, noisy); against ART as shipped (10 logits instead of 256 features)
+  13.1 / 2.6 and 7.2 / 1.7.
 * ART: STRIP rewrote the wrapped classifier's class in place (True); 2 forward hooks were left
   on the user's model; "relative-size" crashed; NeuralCleanse refused the PyTorch classifier.
 """
