@@ -5,11 +5,11 @@ number of neurons, mask shape, size, transparency; "Neuron 11 vs 81" random vs s
     python benchmarks/trojan_table.py [--json] [--quick] [--threads 2] [--device cpu]
         [--rows GROUP ...]
 
-Victim: `train_victim(VictimRecipe(), ...)` (the family's cnn, relu) on the first 3,500
-mnist5k rows; test: 1,000 rows; the attacker's public images: the other 500 rows (unlabelled;
-only their pixels start model inversion). External images (Ext+Tri): sklearn's 8x8 digits
-upscaled bilinearly to 28x28 — another source of digits than MNIST, never seen in training
-(no Fashion-MNIST offline here).
+Victim: `train_victim(VictimRecipe(), ...)` (the family's 784-512-256-10 ReLU MLP) on the first
+3,500 mnist5k rows; test: 1,000 rows; the attacker's public images: the other 500 rows
+(unlabelled; only their pixels start model inversion). External images (Ext+Tri): sklearn's 8x8
+digits upscaled bilinearly to 28x28 — another source of digits than MNIST, never seen in
+training (no Fashion-MNIST offline here).
 
 Columns (`run_trojan`): Orig (trojaned model, clean test accuracy), Orig Dec (original minus
 trojaned accuracy), Orig+Tri (ASR on triggered non-target test images), Ext+Tri (share of
@@ -28,7 +28,7 @@ output neuron's (the seed: 91.6% vs 47.4%, 100% vs 18.7%); a larger trigger beat
 one; an opaque trigger beats a 70%-transparent one.
 
 Measured, full table (``python benchmarks/trojan_table.py``, 79 s on the 2-core CPU when
-idle; victim cnn on 3,500 rows with the VictimRecipe of commit 4904b03, accuracy 0.956 on 1,000
+idle; victim MLP on 3,500 rows with the VictimRecipe of commit 4904b03, accuracy 0.956 on 1,000
 test rows; attack defaults), ours | seed FR, Orig / Orig Dec / Orig+Tri / Ext+Tri in %, neuron
 value before -> after:
 
@@ -54,7 +54,8 @@ seed 98.8 -> 36.2); ✓ a 10% trigger beats a 4% one only slightly (95.2 vs 94.3
 71.5); ✗ the seed's "more neurons, weaker" (1/2/all: 96.2 / 93.0 / 95.3, flat) and "logo best,
 watermark worst" (square 96.2 > logo 94.9 > watermark 90.3 here) do not reproduce; Orig Dec
 (5.3 points at the default) matches the seed's 6%. Our trigger moves its neuron by ~2 (the
-seed's 0 -> 107): generated on a blank canvas, the 7x7 corner patch reaches few conv features.
+seed's 0 -> 107): generated on a blank canvas, the 7x7 corner patch (49 of 784 inputs in [0, 1]) can
+move a first-layer unit of the MLP only so far.
 Under heavy load on the shared CPU (load ~13), an earlier victim recipe (accuracy 0.939) gave
 1 neuron 92.0 vs random 92.4 vs output 24.7: the selected-vs-random gap depends on the victim.
 
