@@ -92,7 +92,8 @@ def stamp_reversed(inputs: Tensor, mask: Tensor, pattern: Tensor) -> Tensor:
 class ReversedTriggers:
     """One restart's reverse-engineered triggers: `masks` (K, H, W), `patterns` (K, C, H, W),
     `norms` (K,) L1 norms of the kept masks, `success` (K,) their attack success on the clean
-    rows, `reached` (K,) whether `success` reached the threshold, `costs` (K,) the final λ."""
+    rows, `reached` (K,) whether `success` reached the threshold, `costs` (K,) the final λ,
+    `epochs` the epochs run (early stopping ends a restart before the budget)."""
 
     def __init__(
         self,
@@ -102,7 +103,9 @@ class ReversedTriggers:
         success: np.ndarray,
         reached: np.ndarray,
         costs: np.ndarray,
+        epochs: int = 0,
     ) -> None:
+        self.epochs = epochs
         self.masks = masks
         self.patterns = patterns
         self.norms = norms
@@ -112,15 +115,25 @@ class ReversedTriggers:
 
 
 def _success(
-    model: nn.Module, inputs: Tensor, masks: Tensor, patterns: Tensor, classes: Tensor
+    model: nn.Module,
+    inputs: Tensor,
+    masks: Tensor,
+    patterns: Tensor,
+    classes: Tensor,
+    batch: int = 4096,
 ) -> np.ndarray:
-    """Per class, the share of `inputs` stamped with its trigger classified as that class."""
+    """Per class, the share of `inputs` stamped with its trigger (`masks` (K, H, W),
+    `patterns` (K, C, H, W)) classified as that class."""
+    k = len(classes)
+    hits = torch.zeros(k)
+    per = max(1, batch // k)
     with torch.no_grad():
-        k = len(classes)
-        stamped = (1 - masks[:, None]) * inputs[None] + (masks * patterns)[:, None]
-        logits = model(stamped.flatten(0, 1)).view(k, len(inputs), -1)
-        hits = logits.argmax(-1) == classes[:, None]
-    return hits.float().mean(1).cpu().numpy()
+        for begin in range(0, len(inputs), per):
+            rows = inputs[begin : begin + per]
+            stamped = (1 - masks[:, None, None]) * rows[None] + (masks[:, None] * patterns)[:, None]
+            logits = model(stamped.flatten(0, 1)).view(k, len(rows), -1)
+            hits += (logits.argmax(-1) == classes[:, None]).sum(1).float().cpu()
+    return (hits / len(inputs)).numpy()
 
 
 def reverse_triggers(
@@ -129,25 +142,34 @@ def reverse_triggers(
     classes: list[int],
     *,
     seed: int = 0,
-    epochs: int = 30,
-    steps_per_epoch: int = 10,
+    epochs: int = 60,
+    steps_per_epoch: int | None = None,
     batch_size: int = 32,
     lr: float = 0.1,
     init_cost: float = 1e-3,
     cost_multiplier: float = 1.5,
     patience: int = 5,
     success: float = 0.99,
-    eval_rows: int = 256,
+    early_stop: bool = True,
+    eval_rows: int | None = None,
 ) -> ReversedTriggers:
     """Wang et al. 2019, Sec. IV-B (Eq. 3) with the adaptive λ of the module docstring: the
     smallest trigger (mask, pattern) sending clean `inputs` (n, C, H, W) to each of `classes`,
-    all optimised at once (see the module docstring), seeded by `seed`. `model` is only read
+    all optimised at once (see the module docstring), seeded by `seed`.
+
+    An epoch is one pass over `inputs` in shuffled mini-batches of `batch_size`
+    (`steps_per_epoch` steps instead when given); a class's attack success in an epoch is the
+    share of its mini-batch rows sent to it (the paper's measure, no extra forward pass).
+    With `early_stop` a class stops once λ has been both raised and lowered and its best norm
+    has not improved by 1% for 5·`patience` epochs; at most `epochs` epochs. The kept masks'
+    success is re-measured at the end on `eval_rows` rows (None: all). `model` is only read
     (eval mode, gradients to its parameters are never taken)."""
     device = _device(model)
     generator = torch.Generator().manual_seed(int(seed))
     n, channels, height, width = inputs.shape
     k = len(classes)
     target = torch.tensor(classes, dtype=torch.int64, device=device)
+    steps = -(-n // batch_size) if steps_per_epoch is None else int(steps_per_epoch)
 
     def logit(u: Tensor) -> Tensor:
         u = u.clamp(0.02, 0.98)
@@ -157,16 +179,18 @@ def reverse_triggers(
     b = logit(torch.rand(k, channels, height, width, generator=generator)).to(device)
     b.requires_grad_()
     optimizer = torch.optim.Adam([a, b], lr=lr, betas=(0.5, 0.9))
-    check = inputs[torch.randperm(n, generator=generator)[: min(n, eval_rows)]].to(device)
 
     costs = np.full(k, float(init_cost))
     up = np.zeros(k, dtype=int)
     down = np.zeros(k, dtype=int)
+    raised = np.zeros(k, dtype=bool)
+    lowered = np.zeros(k, dtype=bool)
+    stale = np.zeros(k, dtype=int)
+    reference = np.full(k, np.inf)
+    active = np.ones(k, dtype=bool)
     best_norm = np.full(k, np.inf)
-    best_success = np.zeros(k)
     best_masks = torch.zeros(k, height, width)
     best_patterns = torch.zeros(k, channels, height, width)
-    last_success = np.zeros(k)
 
     was_training = model.training
     model.eval()
@@ -176,59 +200,80 @@ def reverse_triggers(
     try:
         order = torch.randperm(n, generator=generator)
         cursor = 0
+        done = 0
         for _ in range(epochs):
-            for _ in range(steps_per_epoch):
-                if cursor + batch_size > n:
+            done += 1
+            live = torch.from_numpy(np.flatnonzero(active)).to(device)
+            m = len(live)
+            hits = torch.zeros(m, device=device)
+            seen = 0
+            for _ in range(steps):
+                if cursor >= n:
                     order = torch.randperm(n, generator=generator)
                     cursor = 0
                 batch = inputs[order[cursor : cursor + batch_size]].to(device)
                 cursor += batch_size
-                masks = torch.sigmoid(a)
-                patterns = torch.sigmoid(b)
+                masks = torch.sigmoid(a[live])
+                patterns = torch.sigmoid(b[live])
                 stamped = (1 - masks[:, None]) * batch[None] + (masks * patterns)[:, None]
-                logits = model(stamped.flatten(0, 1)).view(k, len(batch), -1)
+                logits = model(stamped.flatten(0, 1)).view(m, len(batch), -1)
+                wanted = target[live]
                 ce = nn.functional.cross_entropy(
-                    logits.flatten(0, 1), target.repeat_interleave(len(batch)), reduction="none"
-                ).view(k, -1)
-                lam = torch.as_tensor(costs, dtype=masks.dtype, device=device)
+                    logits.flatten(0, 1), wanted.repeat_interleave(len(batch)), reduction="none"
+                ).view(m, -1)
+                lam = torch.as_tensor(costs[active], dtype=masks.dtype, device=device)
                 loss = (ce.mean(1) + lam * masks.flatten(1).sum(1)).sum()
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
+                hits += (logits.detach().argmax(-1) == wanted[:, None]).sum(1)
+                seen += len(batch)
+            idx = np.flatnonzero(active)
+            rate = (hits / seen).cpu().numpy()
             with torch.no_grad():
-                masks = torch.sigmoid(a)[:, 0]
-                patterns = torch.sigmoid(b)
-            rate = _success(model, check, masks[:, None], patterns, target)
-            last_success = rate
-            norms = masks.flatten(1).sum(1).cpu().numpy()
-            improved = (rate >= success) & (norms < best_norm)
-            for c in np.flatnonzero(improved):
-                best_norm[c] = norms[c]
-                best_success[c] = rate[c]
-                best_masks[c] = masks[c].cpu()
-                best_patterns[c] = patterns[c].cpu()
+                masks = torch.sigmoid(a[live])[:, 0].cpu()
+                patterns = torch.sigmoid(b[live]).cpu()
+            norms = masks.flatten(1).sum(1).numpy()
             hit = rate >= success
-            up = np.where(hit, up + 1, 0)
-            down = np.where(hit, 0, down + 1)
-            costs = np.where(up >= patience, costs * cost_multiplier, costs)
-            costs = np.where(down >= patience, costs / cost_multiplier**1.5, costs)
-            up = np.where(up >= patience, 0, up)
-            down = np.where(down >= patience, 0, down)
+            for j in np.flatnonzero(hit & (norms < best_norm[idx])):
+                c = idx[j]
+                best_norm[c] = norms[j]
+                best_masks[c] = masks[j]
+                best_patterns[c] = patterns[j]
+            up[idx] = np.where(hit, up[idx] + 1, 0)
+            down[idx] = np.where(hit, 0, down[idx] + 1)
+            rise, fall = up >= patience, down >= patience
+            costs = np.where(rise, costs * cost_multiplier, costs)
+            costs = np.where(fall, costs / cost_multiplier**1.5, costs)
+            raised |= rise
+            lowered |= fall
+            up[rise] = 0
+            down[fall] = 0
+            if early_stop:
+                better = best_norm < 0.99 * reference
+                reference = np.where(better, best_norm, reference)
+                stale = np.where(better, 0, stale + 1)
+                active &= ~(raised & lowered & (stale >= 5 * patience))
+                if not active.any():
+                    break
+        final_masks = torch.sigmoid(a.detach())[:, 0].cpu()
+        final_patterns = torch.sigmoid(b.detach()).cpu()
+        reached = np.isfinite(best_norm)
+        for c in np.flatnonzero(~reached):
+            best_masks[c] = final_masks[c]
+            best_patterns[c] = final_patterns[c]
+            best_norm[c] = float(final_masks[c].sum())
+        check = inputs
+        if eval_rows is not None and eval_rows < n:
+            check = inputs[torch.randperm(n, generator=generator)[:eval_rows]]
+        measured = _success(
+            model, check.to(device), best_masks.to(device), best_patterns.to(device), target
+        )
     finally:
         for p, flag in zip(model.parameters(), flags, strict=True):
             p.requires_grad_(flag)
         model.train(was_training)
-
-    reached = np.isfinite(best_norm)
-    with torch.no_grad():
-        final_masks = torch.sigmoid(a)[:, 0].cpu()
-        final_patterns = torch.sigmoid(b).cpu()
-    for c in np.flatnonzero(~reached):
-        best_masks[c] = final_masks[c]
-        best_patterns[c] = final_patterns[c]
-        best_norm[c] = float(final_masks[c].sum())
-        best_success[c] = last_success[c]
-    return ReversedTriggers(best_masks, best_patterns, best_norm, best_success, reached, costs)
+    return ReversedTriggers(best_masks, best_patterns, best_norm, measured, reached, costs, done)
 
 
 def _rounded(values: Tensor | np.ndarray, digits: int = 4) -> list[Any]:
@@ -266,14 +311,15 @@ class NeuralCleanse(BackdoorDefense):
         self,
         *,
         seeds: int = 3,
-        epochs: int = 30,
-        steps_per_epoch: int = 10,
+        epochs: int = 60,
+        steps_per_epoch: int | None = None,
         batch_size: int = 32,
         lr: float = 0.1,
         init_cost: float = 1e-3,
         cost_multiplier: float = 1.5,
         patience: int = 5,
         success: float = 0.99,
+        early_stop: bool = True,
         threshold: float = 2.0,
         classes: list[int] | None = None,
         max_rows: int | None = None,
@@ -286,7 +332,9 @@ class NeuralCleanse(BackdoorDefense):
     ) -> None:
         self.seeds = _positive_int("seeds", seeds)
         self.epochs = _positive_int("epochs", epochs)
-        self.steps_per_epoch = _positive_int("steps_per_epoch", steps_per_epoch)
+        self.steps_per_epoch = (
+            None if steps_per_epoch is None else _positive_int("steps_per_epoch", steps_per_epoch)
+        )
         self.batch_size = _positive_int("batch_size", batch_size)
         self.lr = _positive_float("lr", lr)
         self.init_cost = _positive_float("init_cost", init_cost)
@@ -297,6 +345,11 @@ class NeuralCleanse(BackdoorDefense):
             )
         self.patience = _positive_int("patience", patience)
         self.success = _positive_float("success", success, upper=1.0)
+        if not isinstance(early_stop, bool):
+            raise BackdoorDefenseError(
+                f"neural-cleanse: early_stop must be true or false, got {early_stop!r}"
+            )
+        self.early_stop = early_stop
         self.threshold = _positive_float("threshold", threshold)
         if classes is not None:
             if isinstance(classes, (str, bytes)) or not all(
@@ -338,6 +391,7 @@ class NeuralCleanse(BackdoorDefense):
             "cost_multiplier": self.cost_multiplier,
             "patience": self.patience,
             "success": self.success,
+            "early_stop": self.early_stop,
             "threshold": self.threshold,
             "classes": self.classes,
             "max_rows": self.max_rows,
@@ -411,6 +465,7 @@ class NeuralCleanse(BackdoorDefense):
                 cost_multiplier=self.cost_multiplier,
                 patience=self.patience,
                 success=self.success,
+                early_stop=self.early_stop,
             )
             runs.append(run)
             verdicts.append(self.verdict(run.norms))
@@ -476,6 +531,7 @@ class NeuralCleanse(BackdoorDefense):
                 "success": _rounded(r.success),
                 "reached": r.reached.tolist(),
                 "costs": [float(c) for c in r.costs],
+                "epochs": r.epochs,
             }
             for s, (r, v) in enumerate(zip(runs, verdicts, strict=True))
         ]
