@@ -7,7 +7,9 @@ on 40 rows relabelled 0) each defence must: declare a name, a paper and what it 
 subset of EVIDENCE); refuse evidence missing any need in one BackdoorDefenseError line; return
 a Detection of its own name whose `to_dict` survives `json.dumps`; leave the user's model
 (state_dict and training mode) unchanged; give the same verdict for the same seed; and, when
-it repairs with a model, return a model other than the user's.
+it repairs with a model, return a model other than the user's. The shared pieces are checked
+by hand: `layer_activations` against the layer's own forward (and the input of the last Linear
+for a model with nothing before it), `evaluate_mitigation` against counts on six rows.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ from privacylab.defenses.backdoor import (
     BackdoorDefenseError,
     BackdoorEvidence,
     Detection,
+    Mitigation,
     backdoor_defense_names,
+    evaluate_mitigation,
+    feature_layer,
+    layer_activations,
     make_backdoor_defense,
 )
 
@@ -165,3 +171,65 @@ def test_keeps_the_contract(name: str, case: Case) -> None:
 def test_unknown_option_is_refused(name: str) -> None:
     with pytest.raises(TypeError):
         make_backdoor_defense(name, no_such_option=1)
+
+
+# ------------------------------------------------ what every defence shares: activations, metrics
+
+
+def test_layer_activations_read_the_whole_layer_and_leave_the_model_as_it_was() -> None:
+    torch.manual_seed(0)
+    conv = nn.Sequential(
+        nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 8 * 8, 10)
+    )
+    x = torch.rand(7, 1, 8, 8)
+    conv.train()
+    read = layer_activations(conv, x, "0", batch=3)
+    with torch.no_grad():
+        by_hand = conv[0](x).flatten(1)  # type: ignore[index]
+    assert read.shape == (7, 3 * 8 * 8) and torch.allclose(read, by_hand)
+    assert feature_layer(conv) == "2"
+    assert torch.allclose(layer_activations(conv, x), torch.relu(by_hand))
+    assert conv.training and not conv[0]._forward_hooks  # type: ignore[index]
+
+    z = torch.randn(5, 4)
+    for model in (nn.Linear(4, 3), nn.Sequential(nn.Linear(4, 3))):
+        assert feature_layer(model) == ""
+        assert torch.equal(layer_activations(model, z), z), "the input of the last Linear"
+        assert not any(m._forward_pre_hooks for m in model.modules())
+    with pytest.raises(BackdoorDefenseError, match="no layer named 'nine'"):
+        layer_activations(conv, x, "nine")
+    with pytest.raises(BackdoorDefenseError, match=r"no nn\.Linear"):
+        feature_layer(nn.Sequential(nn.Flatten()))
+
+
+def test_evaluate_mitigation_against_hand_counts() -> None:
+    """A parameter-free model whose label is the argmax of its input: clean rows 0..5 with
+    labels [0, 1, 2, 0, 1, 2] predicted [0, 1, 0, 0, 1, 2]; triggered copies predicted
+    [0, 0, 0, 1, 1, 0] with target 0; the filter refuses rows whose 4th feature is set
+    (clean row 5, triggered rows 1 and 2). ASR counts the 4 non-target rows (1, 2, 4, 5): 3
+    reach the target unfiltered, 1 (row 5) once rows 1 and 2 are refused."""
+    labels = torch.tensor([0, 1, 2, 0, 1, 2])
+    eye = torch.eye(4)
+    clean_x = eye[[0, 1, 0, 0, 1, 2]].clone()
+    clean_x[5, 3] = 0.5
+    bad_x = eye[[0, 0, 0, 1, 1, 0]].clone()
+    bad_x[[1, 2], 3] = 0.5
+    test = Dataset("hand", clean_x, labels, 3, (4,), "tabular")
+    model = nn.Flatten()
+    model.train()
+    wanted = np.zeros(6, dtype=np.int64)
+
+    def reject(x: torch.Tensor) -> np.ndarray:
+        return (x[:, 3] > 0).numpy()
+
+    plain = evaluate_mitigation(None, model, test, bad_x, wanted)
+    assert plain["accuracy"] == pytest.approx(5 / 6)
+    assert plain["asr"] == pytest.approx(3 / 4) == plain["asr_unfiltered"]
+    assert plain["rejected_clean"] == 0 and plain["rejected_triggered"] == 0
+    filtered = evaluate_mitigation(Mitigation(reject=reject), model, test, bad_x, wanted)
+    assert filtered["accuracy"] == pytest.approx(4 / 6)
+    assert filtered["asr"] == pytest.approx(1 / 4)
+    assert filtered["asr_unfiltered"] == pytest.approx(3 / 4)
+    assert filtered["rejected_clean"] == pytest.approx(1 / 6)
+    assert filtered["rejected_triggered"] == pytest.approx(2 / 4)
+    assert model.training, "evaluate_mitigation left the model in eval mode"

@@ -28,7 +28,6 @@ a small digits MLP: clean labels 0.07-0.14, the poisoned label (15% poisons) 0.3
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from typing import Any
@@ -47,6 +46,9 @@ from privacylab.defenses.backdoor.base import (
     BackdoorEvidence,
     Detection,
     Mitigation,
+    check_layer,
+    check_number,
+    check_whole,
     layer_activations,
     register_backdoor_defense,
 )
@@ -54,48 +56,6 @@ from privacylab.defenses.backdoor.base import (
 __all__ = ["ActivationClustering", "cleansed_mitigation", "reduce_activations"]
 
 REDUCTIONS = ("ica", "pca")
-
-
-def check_number(
-    defense: str,
-    name: str,
-    value: object,
-    *,
-    low: float,
-    high: float | None = None,
-    low_open: bool = True,
-    high_open: bool = False,
-) -> float:
-    """`value` as a finite number in the interval (low, high] (ends chosen by the flags), else
-    a one-line BackdoorDefenseError naming the option."""
-    real = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
-    number = float(value) if real else math.nan  # type: ignore[arg-type]
-    inside = math.isfinite(number) and (number > low if low_open else number >= low)
-    if high is not None:
-        inside = inside and (number < high if high_open else number <= high)
-    if not inside:
-        left = "(" if low_open else "["
-        right = "inf)" if high is None else (f"{high})" if high_open else f"{high}]")
-        raise BackdoorDefenseError(
-            f"{defense}: {name} must be a number in {left}{low}, {right}, got {value!r}"
-        )
-    return number
-
-
-def check_whole(defense: str, name: str, value: object, low: int = 1) -> int:
-    """`value` as a whole number >= `low` (bools refused), else one BackdoorDefenseError line."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise BackdoorDefenseError(
-            f"{defense}: {name} must be a whole number >= {low}, got {value!r}"
-        )
-    return int(value)
-
-
-def check_layer(defense: str, layer: object) -> str | None:
-    """`layer` as None or a non-empty module name, else one BackdoorDefenseError line."""
-    if layer is not None and (not isinstance(layer, str) or not layer):
-        raise BackdoorDefenseError(f"{defense}: layer must be a module name, got {layer!r}")
-    return layer
 
 
 def reduce_activations(
@@ -141,11 +101,11 @@ def cleansed_mitigation(
 class ActivationClustering(BackdoorDefense):
     """Activation clustering (Chen et al. 2019, Sec. 3-4): per received label, the chosen
     layer's activations reduced to `dims` dimensions (`reduce`: whitened "pca", or "ica" as in
-    the paper: the same clusters), split by seeded k-means (k = 2); a label is poisoned when its smaller cluster holds
-    less than `size_threshold` of the label's rows and the split's silhouette score exceeds
-    `silhouette_threshold` (None: size alone). Labels with fewer than `min_rows` rows are not
-    judged. Needs the training data; mitigates (retraining without the flagged rows) when the
-    evidence can retrain."""
+    the paper: the same clusters), split by seeded k-means (k = 2); a label is poisoned when
+    its smaller cluster holds less than `size_threshold` of the label's rows and the split's
+    silhouette score exceeds `silhouette_threshold` (None: size alone). Labels with fewer
+    than `min_rows` rows are not judged. Needs the training data; mitigates (retraining
+    without the flagged rows) when the evidence can retrain."""
 
     name = "activation-clustering"
     paper = (

@@ -19,6 +19,7 @@ backdoor --method NAME`) and the contract test pick it up with no other edit.
 from __future__ import annotations
 
 import copy
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,10 +43,14 @@ __all__ = [
     "Detection",
     "Mitigation",
     "backdoor_defense_names",
+    "check_layer",
+    "check_number",
+    "check_whole",
     "evaluate_mitigation",
     "feature_layer",
     "layer_activations",
     "make_backdoor_defense",
+    "predicted_labels",
     "register_backdoor_defense",
 ]
 
@@ -167,6 +172,51 @@ def make_backdoor_defense(name: str, **options: Any) -> BackdoorDefense:
     return BACKDOOR_DEFENSES.get(name)(**options)
 
 
+# ----------------------------------------------------------------------- option checks
+
+
+def check_number(
+    defense: str,
+    name: str,
+    value: object,
+    *,
+    low: float,
+    high: float | None = None,
+    low_open: bool = True,
+    high_open: bool = False,
+) -> float:
+    """`value` as a finite number in the interval (low, high] (ends chosen by the flags), else
+    a one-line BackdoorDefenseError naming the option."""
+    real = isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool)
+    number = float(value) if real else math.nan  # type: ignore[arg-type]
+    inside = math.isfinite(number) and (number > low if low_open else number >= low)
+    if high is not None:
+        inside = inside and (number < high if high_open else number <= high)
+    if not inside:
+        left = "(" if low_open else "["
+        right = "inf)" if high is None else (f"{high})" if high_open else f"{high}]")
+        raise BackdoorDefenseError(
+            f"{defense}: {name} must be a number in {left}{low}, {right}, got {value!r}"
+        )
+    return number
+
+
+def check_whole(defense: str, name: str, value: object, low: int = 1) -> int:
+    """`value` as a whole number >= `low` (bools refused), else one BackdoorDefenseError line."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+        raise BackdoorDefenseError(
+            f"{defense}: {name} must be a whole number >= {low}, got {value!r}"
+        )
+    return int(value)
+
+
+def check_layer(defense: str, layer: object) -> str | None:
+    """`layer` as None or a non-empty module name, else one BackdoorDefenseError line."""
+    if layer is not None and (not isinstance(layer, str) or not layer):
+        raise BackdoorDefenseError(f"{defense}: layer must be a module name, got {layer!r}")
+    return layer
+
+
 # ----------------------------------------------------------------------- activations, any model
 
 
@@ -174,15 +224,33 @@ def feature_layer(model: nn.Module) -> str:
     """The default layer to read: the module whose output feeds the last `nn.Linear` (the
     penultimate representation, Chen et al. 2019 Sec. 3 and Tran et al. 2018 Sec. 4 use the
     last hidden layer) — found by running no input: the name of the last module before the
-    last Linear in `named_modules` order that is not a container. Falls back to "" (the
-    input of the last Linear is then read through a pre-hook)."""
-    names = [n for n, m in model.named_modules() if n and not list(m.children())]
+    last Linear in `named_modules` order that is not a container. "" when no module comes
+    before it (the model is that Linear, or starts with it): `layer_activations` then reads
+    the input of the last Linear through a pre-hook."""
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     if not linears:
         raise BackdoorDefenseError("no nn.Linear layer in the model: name the layer to read")
+    names = [n for n, m in model.named_modules() if n and not list(m.children())]
     last = linears[-1]
-    index = names.index(last)
+    index = names.index(last) if last in names else 0
     return names[index - 1] if index > 0 else ""
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
+
+
+def _run(model: nn.Module, inputs: Tensor, batch: int) -> list[Tensor]:
+    """`model`'s outputs on `inputs` in batches, in eval mode and without gradients; the
+    model's training mode is restored after."""
+    device = _device(model)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return [model(inputs[s : s + batch].to(device)) for s in range(0, len(inputs), batch)]
+    finally:
+        model.train(was_training)
 
 
 def layer_activations(
@@ -190,38 +258,39 @@ def layer_activations(
 ) -> Tensor:
     """The whole activation of `layer` (a name in `model.named_modules()`; None: the
     `feature_layer`) for `inputs`, flattened to (n, features), through a forward hook — every
-    channel and position, for any `nn.Module` (not one channel of one conv layer)."""
+    channel and position, for any `nn.Module` (not one channel of one conv layer). The layer
+    "" is the input of the last `nn.Linear` (a forward pre-hook). The model is left as it was
+    (hook removed, training mode restored)."""
     name = feature_layer(model) if layer is None else layer
     modules = dict(model.named_modules())
-    if name not in modules:
-        raise BackdoorDefenseError(f"no layer named {name!r} in the model")
     captured: list[Tensor] = []
 
-    def hook(_module: nn.Module, _inputs: Any, output: Any) -> None:
-        value = output[0] if isinstance(output, tuple) else output
+    def keep(value: Any) -> None:
+        value = value[0] if isinstance(value, tuple) else value
         captured.append(value.detach().flatten(1).cpu())
 
-    handle = modules[name].register_forward_hook(hook)
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    was_training = model.training
-    model.eval()
+    if name == "":
+        linears = [m for m in modules.values() if isinstance(m, nn.Linear)]
+        if not linears:
+            raise BackdoorDefenseError("no nn.Linear layer in the model: name the layer to read")
+        handle = linears[-1].register_forward_pre_hook(lambda _m, args: keep(args))
+    elif name in modules:
+        handle = modules[name].register_forward_hook(lambda _m, _i, output: keep(output))
+    else:
+        raise BackdoorDefenseError(f"no layer named {name!r} in the model")
     try:
-        with torch.no_grad():
-            for start in range(0, len(inputs), batch):
-                model(inputs[start : start + batch].to(device))
+        _run(model, inputs, batch)
     finally:
         handle.remove()
-        model.train(was_training)
     return torch.cat(captured) if captured else torch.zeros(0, 0)
 
 
-def _labels(model: nn.Module, inputs: Tensor, batch: int = 1024) -> np.ndarray:
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    out = []
-    with torch.no_grad():
-        for start in range(0, len(inputs), batch):
-            out.append(model.eval()(inputs[start : start + batch].to(device)).argmax(1).cpu())
-    return torch.cat(out).numpy()
+def predicted_labels(model: nn.Module, inputs: Tensor, batch: int = 1024) -> np.ndarray:
+    """`model`'s argmax labels for `inputs` (eval mode, batched; its mode restored)."""
+    outputs = _run(model, inputs, batch)
+    if not outputs:
+        return np.zeros(0, dtype=np.int64)
+    return torch.cat([o.argmax(1).cpu() for o in outputs]).numpy()
 
 
 def evaluate_mitigation(
@@ -236,8 +305,8 @@ def evaluate_mitigation(
     counts as neither correct (accuracy) nor a success (ASR): both are over all inputs, so a
     filter that refuses everything scores 0 and 0. Also the rejection rates."""
     repaired = model if mitigation is None or mitigation.model is None else mitigation.model
-    clean_pred = _labels(repaired, test.features)
-    bad_pred = _labels(repaired, triggered)
+    clean_pred = predicted_labels(repaired, test.features)
+    bad_pred = predicted_labels(repaired, triggered)
     clean_ok = clean_pred == test.labels.numpy()
     truth = test.labels.numpy()
     counted = truth != wanted

@@ -26,18 +26,17 @@ import torch
 from torch import Tensor, nn
 
 from privacylab.data import Dataset
-from privacylab.defenses.backdoor.activation_clustering import (
-    check_layer,
-    check_number,
-    check_whole,
-)
 from privacylab.defenses.backdoor.base import (
     BackdoorDefense,
     BackdoorDefenseError,
     BackdoorEvidence,
     Detection,
     Mitigation,
+    check_layer,
+    check_number,
+    check_whole,
     layer_activations,
+    predicted_labels,
     register_backdoor_defense,
 )
 
@@ -98,15 +97,8 @@ def prune_units(model: nn.Module, layer: str, units: list[int] | np.ndarray) -> 
                     tensor[index.to(tensor.device)] = 0.0
 
 
-def _accuracy(model: nn.Module, data: Dataset, batch: int = 1024) -> float:
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    correct = 0
-    model.eval()
-    with torch.no_grad():
-        for start in range(0, len(data), batch):
-            logits = model(data.features[start : start + batch].to(device))
-            correct += int((logits.argmax(1).cpu() == data.labels[start : start + batch]).sum())
-    return correct / max(1, len(data))
+def _accuracy(model: nn.Module, data: Dataset) -> float:
+    return float(np.mean(predicted_labels(model, data.features) == data.labels.numpy()))
 
 
 @register_backdoor_defense
@@ -197,20 +189,21 @@ class FinePruning(BackdoorDefense):
                 f"fine-pruning: layer {layer!r} is a {type(modules[layer]).__name__}, "
                 "not a Conv2d or Linear"
             )
-        repaired = self.copy_model(model)
+        repaired = self.copy_model(model).eval()
         activity = self.mean_activations(repaired, layer, clean)
         order = np.argsort(activity, kind="stable")
         baseline = _accuracy(repaired, clean)
         limit = int(np.floor(self.fraction * order.size))
         pruned = 0
         curve = [baseline]
+        trial = self.copy_model(repaired)
         for count in range(1, limit + 1):
-            trial = self.copy_model(repaired)
-            prune_units(trial, layer, order[:count])
+            prune_units(trial, layer, order[count - 1 : count])
             accuracy = _accuracy(trial, clean)
             if baseline - accuracy > self.max_drop:
                 break
-            pruned, curve = count, [*curve, accuracy]
+            pruned = count
+            curve.append(accuracy)
         removed = np.sort(order[:pruned])
         prune_units(repaired, layer, removed)
         pruned_accuracy = _accuracy(repaired, clean)

@@ -33,15 +33,13 @@ import numpy as np
 from scipy.stats import norm
 from torch import nn
 
-from privacylab.defenses.backdoor.activation_clustering import (
-    check_layer,
-    check_number,
-    cleansed_mitigation,
-)
+from privacylab.defenses.backdoor.activation_clustering import cleansed_mitigation
 from privacylab.defenses.backdoor.base import (
     BackdoorDefense,
     BackdoorEvidence,
     Detection,
+    check_layer,
+    check_number,
     layer_activations,
     register_backdoor_defense,
 )
