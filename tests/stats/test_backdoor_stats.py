@@ -27,7 +27,7 @@ def test_asr_closed_forms() -> None:
     assert attack_success_rate(np.zeros(4, dtype=int), true, 0) == 1.0
     assert attack_success_rate(np.array([0, 1, 2, 3]), true, 0) == 0.0
     assert math.isnan(attack_success_rate(np.array([1, 1]), np.array([0, 0]), 0))
-    assert attack_success_rate(np.array([], dtype=int), np.array([], dtype=int), 0) != 0.5
+    assert math.isnan(attack_success_rate(np.array([], dtype=int), np.array([], dtype=int), 0))
 
 
 def test_asr_all_to_all_per_input_targets() -> None:
@@ -64,6 +64,9 @@ def test_asr_bad_input_is_one_line() -> None:
         (np.array([0.5, 1.0]), np.array([0, 1]), 0),
         (np.array([[0, 1]]), np.array([[0, 1]]), 0),
         (np.array([0, 1]), np.array([0, 1]), np.array([0, 1, 2])),
+        (np.array([0, 1]), np.array([0, 1]), 0.5),
+        (np.array([0, 1]), np.array([0, 1]), float("nan")),
+        (np.array([0, 1]), np.array([0, 1]), "a"),
     ]:
         with pytest.raises(PrivacylabError) as error:
             attack_success_rate(*args)

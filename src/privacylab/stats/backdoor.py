@@ -54,6 +54,8 @@ def attack_success_rate(predicted: object, true_labels: object, target: int | ob
         )
     wanted = np.asarray(target)
     if wanted.ndim == 0:
+        if not np.issubdtype(wanted.dtype, np.integer):
+            raise StatisticsError(f"the target must be an integer class label, got {target!r}")
         wanted = np.full_like(true, int(wanted))
     else:
         wanted = _labels(wanted, "target labels")

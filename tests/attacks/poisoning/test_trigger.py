@@ -200,3 +200,35 @@ def test_too_large_or_outside_is_one_line() -> None:
         Trigger.from_dict({"spec": 4})
     with pytest.raises(TriggerError):
         Trigger("square", True)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: Trigger("square", 2, (1,)),
+        lambda: Trigger("square", 2, ("a", 1)),
+        lambda: Trigger("square", 2, (1.7, 2)),
+        lambda: Trigger("square", 2, (-1, 0)),
+        lambda: Trigger("square", 2, "corner", "0.5"),  # type: ignore[arg-type]
+        lambda: Trigger("square", 2, mask=torch.full((2, 2), 5.0)),
+        lambda: Trigger("square", 2, mask=torch.full((2, 2), float("nan"))),
+        lambda: Trigger("square", 2, pattern=-torch.ones(1, 2, 2)),
+        lambda: Trigger.from_dict({"spec": "square:2@corner", "mask": [[2, 0], [0, 0]]}),
+        lambda: Trigger("square", 2).stamp(torch.zeros(2, 1, 4, 4), places=torch.tensor([[0, 0]])),
+        lambda: Trigger("square", 2).stamp(
+            torch.zeros(2, 1, 4, 4), places=torch.tensor([[3, 3], [0, 0]])
+        ),
+    ],
+)
+def test_malformed_triggers_and_places_are_one_line(build: object) -> None:
+    with pytest.raises(TriggerError) as error:
+        build()  # type: ignore[operator]
+    _one_line(error)
+
+
+def test_given_places_are_the_boxes_written() -> None:
+    places = torch.tensor([[0, 0], [2, 1]])
+    out = Trigger("square", 2).stamp(torch.zeros(2, 1, 4, 4), places=places)
+    assert out[0, 0, :2, :2].eq(1).all() and out[0].sum() == 4
+    assert out[1, 0, 2:, 1:3].eq(1).all() and out[1].sum() == 4
+    assert Trigger("square", 2, "corner", 1).alpha == 1.0

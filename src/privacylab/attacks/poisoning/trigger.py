@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -110,19 +111,31 @@ class Trigger:
                     f"trigger position must be corner, random or ROW,COL, got {self.position!r}"
                 )
         else:
-            row, col = self.position
-            if min(int(row), int(col)) < 0:
-                raise TriggerError(f"trigger position must be >= 0, got {self.position!r}")
-            object.__setattr__(self, "position", (int(row), int(col)))
-        alpha = float(self.alpha)
+            place = tuple(self.position) if isinstance(self.position, tuple | list) else ()
+            whole = all(
+                isinstance(v, int | np.integer) and not isinstance(v, bool) and v >= 0
+                for v in place
+            )
+            if len(place) != 2 or not whole:
+                raise TriggerError(
+                    f"trigger position must be corner, random or two whole numbers >= 0, "
+                    f"got {self.position!r}"
+                )
+            object.__setattr__(self, "position", (int(place[0]), int(place[1])))
+        real = isinstance(self.alpha, int | float | np.integer | np.floating)
+        alpha = float(self.alpha) if real and not isinstance(self.alpha, bool) else math.nan
         if not (math.isfinite(alpha) and 0.0 < alpha <= 1.0):
             raise TriggerError(f"trigger opacity must be in (0, 1], got {self.alpha!r}")
+        object.__setattr__(self, "alpha", alpha)
         if self.mask is not None and tuple(self.mask.shape) != (self.size, self.size):
             raise TriggerError(f"trigger mask must be ({self.size}, {self.size})")
         if self.pattern is not None and (
             self.pattern.dim() != 3 or tuple(self.pattern.shape[1:]) != (self.size, self.size)
         ):
             raise TriggerError(f"trigger pattern must be (C, {self.size}, {self.size})")
+        for name, values in (("mask", self.mask), ("pattern", self.pattern)):
+            if values is not None and not bool(((values >= 0) & (values <= 1)).all()):
+                raise TriggerError(f"a trigger {name} holds values outside [0, 1]")
 
     @property
     def spec(self) -> str:
@@ -190,11 +203,27 @@ class Trigger:
         places: Tensor | None = None,
     ) -> Tensor:
         """A stamped copy of `images` (n, C, H, W): x' = (1 − α m) ⊙ x + α m ⊙ p inside the box,
-        x outside it. `places` (n, 2) overrides the drawn positions."""
+        x outside it. `places` (n, 2) top-left corners override the drawn positions."""
         if images.dim() != 4:
             raise TriggerError(f"stamp needs (n, C, H, W) images, got shape {tuple(images.shape)}")
         n, channels = images.shape[:2]
-        where = self.places(n, tuple(images.shape[1:]), generator) if places is None else places
+        if places is None:
+            where = self.places(n, tuple(images.shape[1:]), generator)
+        else:
+            self.check(tuple(images.shape[1:]))
+            where = torch.as_tensor(places)
+            _, _, height, width = images.shape
+            inside = (
+                where.shape == (n, 2)
+                and bool((where >= 0).all())
+                and bool((where[:, 0] <= height - self.size).all())
+                and bool((where[:, 1] <= width - self.size).all())
+            )
+            if not inside:
+                raise TriggerError(
+                    f"places must be {n} top-left corners (row, col) that keep the "
+                    f"{self.size}-pixel box inside the {height}x{width} images"
+                )
         mask = (self.alpha * self.box_mask()).to(images)
         pattern = self.box_pattern(channels).to(images)
         out = images.clone()
