@@ -254,6 +254,34 @@ def test_a_folder_of_another_game_is_refused(game) -> None:
     assert saved["recipe"]["batch_size"] == BackdoorConfig().victim_recipe().batch_size
 
 
+def _sorted_rows(x: torch.Tensor) -> list[tuple[float, ...]]:
+    return sorted(tuple(row) for row in x.flatten(1).tolist())
+
+
+def test_the_defender_receives_x_and_p_shuffled(game) -> None:
+    """The received set is X ∪ P (checked row by row against splits.json and the poisons
+    file), the poisons are not its last rows, and `poison_rows` points at exactly them."""
+    from safetensors.torch import load_file
+
+    folder, result = game
+    run = load_backdoor_run(folder)
+    data = load_dataset("digits")
+    splits = json.loads((folder / "splits.json").read_text())
+    poisons = load_file(str(folder / "poisons.safetensors"))
+    rows = run.poison_rows
+    assert len(run.training) == TRAIN + result["poisons"] == TRAIN + len(rows)
+    assert not np.array_equal(rows, np.arange(TRAIN, len(run.training)))
+    others = np.setdiff1d(np.arange(len(run.training)), rows)
+    assert _sorted_rows(run.training.features[rows]) == _sorted_rows(poisons["features"])
+    assert run.training.labels[rows].tolist() == poisons["labels"].tolist()
+    x = data.subset(splits["train"])
+    assert _sorted_rows(run.training.features[others]) == _sorted_rows(x.features)
+    assert sorted(run.training.labels[others].tolist()) == sorted(x.labels.tolist())
+    again = load_backdoor_run(folder)
+    assert np.array_equal(again.poison_rows, rows)
+    assert torch.equal(again.training.features, run.training.features)
+
+
 def test_defend_before_is_the_attack_and_rows_are_scored_against_the_poisons(game) -> None:
     folder, result = game
     out = defend_backdoor(folder / "model", "spectral")
@@ -266,7 +294,8 @@ def test_defend_before_is_the_attack_and_rows_are_scored_against_the_poisons(gam
     )
     stored = json.loads((folder / "defenses" / "spectral.json").read_text())
     flagged = set(stored["flagged_rows"])
-    poisons = set(range(TRAIN, TRAIN + result["poisons"]))
+    poisons = set(load_backdoor_run(folder).poison_rows.tolist())
+    assert len(poisons) == result["poisons"]
     rows = out["rows"]
     assert rows["flagged"] == len(flagged) and rows["poisons"] == len(poisons)
     assert rows["true_positives"] == len(flagged & poisons)

@@ -21,8 +21,8 @@ writes it to the folder `out`:
   its result carries the backdoor z-score. It is not a classifier folder: the defences do not
   apply to it.
 
-Folder: `config.json`, `splits.json`, `poisons.safetensors` (P; its rows follow X in the
-training set the victim received — their positions are known only to the evaluator),
+Folder: `config.json`, `splits.json`, `poisons.safetensors` (P; the defender receives X ∪ P
+shuffled by the seed, and the positions of P in it are known only to the evaluator),
 `clean/` and `model/` (model folders, `privacylab.models.save_model`, sidecar metadata
 ``{"backdoor": {"config", "trigger", "target_class", "mode", "method", "role"}, "summary"}``),
 `checkpoints/` while training (a killed run resumes; a finished model folder is reused),
@@ -826,7 +826,8 @@ def _trigger_from(saved: Mapping[str, Any], parse: Callable[[str], Any]) -> Any:
 class BackdoorRun:
     """An attack folder read back for a defence: its `config`, the attacked `model`, the
     `trigger`, the defender's `clean` held-out rows, the `training` set the victim received
-    (X ∪ P), the `poison_rows` positions in it (the evaluator's truth), and `test`."""
+    (X ∪ P in an order shuffled by the config's seed, so the poisons are not the last rows),
+    the `poison_rows` positions in it (the evaluator's truth), and `test`."""
 
     folder: Path
     config: BackdoorConfig
@@ -857,7 +858,7 @@ def run_folder(target: str | Path) -> Path:
 def load_backdoor_run(target: str | Path, device: str | None = None) -> BackdoorRun:
     """Read an attack folder (`run_folder`) back: one line for a contrastive run (the
     defences inspect classifiers) or an unfinished one."""
-    from privacylab.attacks.poisoning import Trigger
+    from privacylab.attacks.poisoning import Poisons, Trigger
     from privacylab.models import load_model
 
     folder = run_folder(target)
@@ -882,16 +883,15 @@ def load_backdoor_run(target: str | Path, device: str | None = None) -> Backdoor
         train, test, clean = (data.subset(splits[k]) for k in ("train", "test", "holdout"))
     except (KeyError, PrivacylabError) as error:
         raise BackdoorError(f"{folder / SPLITS_FILE} is malformed: {error}") from None
-    poisons = _load_tensors(folder / POISONS_FILE)
-    received = Dataset(
-        name=f"{train.name}+{len(poisons['labels'])}poisons",
-        features=torch.cat([train.features, poisons["features"].to(train.features.dtype)]),
-        labels=torch.cat([train.labels, poisons["labels"].to(torch.int64)]),
-        num_classes=train.num_classes,
-        input_shape=train.input_shape,
-        kind=train.kind,
-    )
-    rows = np.arange(len(train), len(received))
+    saved_poisons = _load_tensors(folder / POISONS_FILE)
+    poisons = Poisons(
+        saved_poisons["features"], saved_poisons["labels"], trigger, config.target_class,
+        config.mode,
+    )  # fmt: skip
+    merged = poisons.merged(train)
+    order = np.random.default_rng(config.seed).permutation(len(merged))
+    received = merged.subset(order)
+    rows = np.flatnonzero(order >= len(train))
     return BackdoorRun(folder, config, model, trigger, clean, received, rows, test)
 
 
