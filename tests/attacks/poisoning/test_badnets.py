@@ -174,3 +174,29 @@ def test_no_backdoor_without_poisons(game: Game, digits: Digits) -> None:
     triggered = Trigger("square", 2, "corner").stamp(digits.test.features)
     asr = attack_success_rate(predict_labels(game.clean, triggered), digits.test.labels.numpy(), 0)
     assert asr == pytest.approx(game.baseline_asr)
+
+
+def test_task_and_recipe_refuse_malformed_values_in_one_line(digits: Digits) -> None:
+    for call in (
+        lambda: PoisonTask(digits.source, 3, target_class="a"),  # type: ignore[arg-type]
+        lambda: PoisonTask(digits.source, 3, target_class=1.5),  # type: ignore[arg-type]
+        lambda: PoisonTask(digits.source, 3, target_class=10),
+        lambda: VictimRecipe(model_options=5),  # type: ignore[arg-type]
+        lambda: VictimRecipe(model=3),  # type: ignore[arg-type]
+        lambda: VictimRecipe.from_dict([1]),  # type: ignore[arg-type]
+        lambda: VictimRecipe.from_dict({"depth": 3}),
+    ):
+        with pytest.raises(PoisonError) as caught:
+            call()
+        assert "\n" not in str(caught.value)
+    assert VictimRecipe.from_dict(RECIPE.to_dict()) == RECIPE
+
+
+def test_predictions_leave_the_models_mode_alone(game: Game, digits: Digits) -> None:
+    game.clean.train()
+    try:
+        first = predict_labels(game.clean, digits.test.features)
+        assert game.clean.training
+    finally:
+        game.clean.eval()
+    assert np.array_equal(first, predict_labels(game.clean, digits.test.features))

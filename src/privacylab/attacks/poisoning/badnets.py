@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from privacylab.attacks.core import ThreatModel
 from privacylab.attacks.poisoning.base import (
     MODES,
     DataPoisoningAttack,
@@ -26,7 +25,6 @@ from privacylab.attacks.poisoning.base import (
     whole_option,
 )
 from privacylab.attacks.poisoning.trigger import Trigger, TriggerError, parse_trigger
-from privacylab.target import Access
 
 __all__ = ["BadNets"]
 
@@ -37,11 +35,11 @@ class BadNets(DataPoisoningAttack):
 
     `trigger`: a spec (``square:4@corner``, ``pattern:3@random:0.7``; see
     `privacylab.attacks.poisoning.trigger`) or a `Trigger`; `mode`: all-to-one or all-to-all;
-    `seed`: used only when the task's own seed is not (the task's seed draws the rows and
-    the random positions, so one task gives one set of poisons)."""
+    `seed`: mixed with the task's seed to draw the rows and the random positions (one attack
+    and one task give one set of poisons). The threat model is the base's: label access at
+    activation, the attacker's own clean rows."""
 
     name = "badnets"
-    threat_model = ThreatModel(Access.LABEL, ("clean-data",))
 
     def __init__(
         self, trigger: str | Trigger = "square:4@corner", mode: str = "all-to-one", seed: int = 0

@@ -146,6 +146,9 @@ class PoisonTask:
             raise PoisonError(
                 f"unknown backdoor mode {self.mode!r}; choose one of {', '.join(MODES)}"
             )
+        whole = isinstance(self.target_class, int | np.integer)
+        if isinstance(self.target_class, bool) or not whole:
+            raise PoisonError(f"target class must be a class index, got {self.target_class!r}")
         if not 0 <= int(self.target_class) < self.source.num_classes:
             raise PoisonError(
                 f"target class must be in [0, {self.source.num_classes}), got {self.target_class!r}"
@@ -310,8 +313,10 @@ class BackdoorResult:
     `baseline_asr`: the same trigger on the clean model (what the patch does without a
     backdoor). `poisons` rows were injected, `poison_rate` = poisons / |X ∪ P|. `z_score`:
     Carlini & Terzis's backdoor z-score (contrastive backdoors only). `queries` the attacker
-    sent at activation, `seconds` its wall-clock time; `details` holds the method's own
-    numbers (the trojaning table's columns, per-phase seconds, the poisoning's targets)."""
+    sent at activation; `seconds` the runner's wall-clock time (for data poisoning, crafting
+    plus the victim's training plus activation; for the trojan, the attack alone); `details`
+    holds the method's own numbers (the trojaning table's columns, per-phase seconds, the
+    poisoning's targets)."""
 
     method: str
     threat_model: dict[str, Any]
@@ -335,13 +340,18 @@ class BackdoorResult:
 
 
 def predict_labels(model: nn.Module, inputs: Tensor, batch: int = 1024) -> np.ndarray:
-    """The model's arg-max labels for `inputs` (evaluation, not an attacker's query)."""
-    model = model.eval()
+    """The model's arg-max labels for `inputs` in eval mode (evaluation, not an attacker's
+    query); the model's own train/eval mode is restored."""
+    was_training = model.training
+    model.eval()
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     out = []
-    with torch.no_grad():
-        for start in range(0, len(inputs), batch):
-            out.append(model(inputs[start : start + batch].to(device)).argmax(dim=1).cpu())
+    try:
+        with torch.no_grad():
+            for start in range(0, len(inputs), batch):
+                out.append(model(inputs[start : start + batch].to(device)).argmax(dim=1).cpu())
+    finally:
+        model.train(was_training)
     return torch.cat(out).numpy() if out else np.zeros(0, dtype=np.int64)
 
 

@@ -58,6 +58,15 @@ class VictimRecipe:
     private_lr: float = 5e-3
     private_batch_size: int = 256
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str):
+            raise PoisonError(f"victim recipe: model must be a model name, got {self.model!r}")
+        if not isinstance(self.model_options, dict):
+            raise PoisonError(
+                f"victim recipe: model_options must be an object of the model's options, "
+                f"got {self.model_options!r}"
+            )
+
     def spec(self, data: Dataset) -> ModelSpec:
         """The model's spec for `data`'s input shape and classes."""
         return ModelSpec(self.model, data.input_shape, data.num_classes, dict(self.model_options))
@@ -92,7 +101,9 @@ class VictimRecipe:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> VictimRecipe:
-        """Inverse of `to_dict`; one PoisonError line on unknown keys."""
+        """Inverse of `to_dict`; one PoisonError line on unknown keys or a non-object."""
+        if not isinstance(data, dict):
+            raise PoisonError(f"a victim recipe is an object of its fields, got {data!r}")
         known = set(cls.__dataclass_fields__)
         extra = set(data) - known
         if extra:
