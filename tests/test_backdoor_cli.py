@@ -86,6 +86,13 @@ def test_defend_json_keys_on_the_folder_and_its_model(folder) -> None:
     assert text.exit_code == 0 and "attack success rate" in text.stdout
 
 
+def test_a_layer_option_is_a_module_name_even_when_numeric(folder) -> None:
+    out, _ = folder
+    args = ["--target", str(out), "--method", "fine-pruning", "--option", "layer=1"]
+    verdict = defend_json(*args, "--option", "epochs=0")
+    assert verdict["details"]["layer"] == "1" and verdict["options"]["layer"] == "1"
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [

@@ -53,18 +53,23 @@ def _recipe(text: str | None, epochs: int | None) -> dict[str, Any] | None:
     return overrides or None
 
 
+TEXT_OPTIONS = ("layer",)
+"""Options whose VALUE is always text: a module name such as "3" (an `nn.Sequential` child)."""
+
+
 def _options(pairs: list[str] | None) -> dict[str, Any]:
     """`KEY=VALUE` pairs as keyword options; a VALUE is read as JSON when it parses (numbers,
-    true/false, lists), else kept as text."""
+    true/false, lists), else kept as text (always text for `TEXT_OPTIONS`)."""
     options: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
+        name = key.strip().replace("-", "_")
+        if not sep or not name:
             raise PrivacylabError(f"--option must be KEY=VALUE, got {pair!r}")
         try:
-            options[key.strip().replace("-", "_")] = json.loads(value)
+            options[name] = value if name in TEXT_OPTIONS else json.loads(value)
         except json.JSONDecodeError:
-            options[key.strip().replace("-", "_")] = value
+            options[name] = value
     return options
 
 
