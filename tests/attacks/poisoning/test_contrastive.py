@@ -156,6 +156,8 @@ def test_caption_set_without_own_captions_is_the_attackers_templates(digits: Dat
         {"targets": 0},
         {"caption_noise": 2.0},
         {"method": "clip-poison", "targets": 1000},
+        {"seed": -1},
+        {"caption_noise": "0.1"},
     ],
 )
 def test_bad_options_are_one_line(digits: Dataset, options: dict[str, object]) -> None:
@@ -173,5 +175,11 @@ def test_not_ten_digit_classes_is_refused(digits: Dataset) -> None:
         run_contrastive("clip-backdoor", data=nine, poisons=5, train_size=800, test_size=300)
     with pytest.raises(PoisonError):
         ClipPoison(target_index=-1)
+    with pytest.raises(PoisonError):
+        ClipBackdoor(seed="1")  # type: ignore[arg-type]
+    all_to_all = PoisonTask(digits.subset(range(20)), 2, 0, mode="all-to-all")
+    for attack in (ClipPoison(), ClipBackdoor("pattern:3@corner")):
+        with pytest.raises(PoisonError, match="all-to-one"):
+            attack.craft(all_to_all)
     with pytest.raises(PoisonError):
         ClipPoison(target_index=10_000).craft(PoisonTask(digits.subset(range(20)), 2, 0))

@@ -44,6 +44,7 @@ from privacylab.attacks.poisoning.base import (
     Poisons,
     PoisonTask,
     ProbeTask,
+    number_option,
     predict_labels,
     register_backdoor,
     whole_option,
@@ -118,6 +119,11 @@ def caption_set(task: PoisonTask) -> list[str]:
     return found
 
 
+def _all_to_one(name: str, task: PoisonTask) -> None:
+    if task.mode != "all-to-one":
+        raise PoisonError(f"{name}: captions of one target label make an all-to-one attack only")
+
+
 def _draw_captions(pool: Sequence[str], count: int, rng: np.random.Generator) -> tuple[str, ...]:
     """`count` captions of `pool`, each used once before any repeats (a fresh shuffle per round)."""
     out: list[str] = []
@@ -140,11 +146,12 @@ class ClipPoison(DataPoisoningAttack):
         if target_index is not None:
             whole_option(self.name, "target_index", target_index, low=0)
         self.target_index = target_index
-        self.seed = int(seed)
+        self.seed = whole_option(self.name, "seed", seed, low=0)
         self.trigger: Trigger | None = None
 
     def craft(self, task: PoisonTask) -> Poisons:
         """P = {(x', c) : c ∈ caption set}, `task.budget` pairs."""
+        _all_to_one(self.name, task)
         rng = np.random.default_rng([self.seed, task.seed])
         labels = task.source.labels.numpy()
         index = self.target_index
@@ -185,10 +192,11 @@ class ClipBackdoor(DataPoisoningAttack):
             self.trigger = parse_trigger(trigger)
         except TriggerError as error:
             raise PoisonError(str(error)) from None
-        self.seed = int(seed)
+        self.seed = whole_option(self.name, "seed", seed, low=0)
 
     def craft(self, task: PoisonTask) -> Poisons:
         """P = {(x_i ⊕ bd, c) : x_i ∈ X_subset}, `task.budget` distinct images."""
+        _all_to_one(self.name, task)
         if task.budget > len(task.source):
             raise PoisonError(
                 f"clip-backdoor: {task.budget} poisons need as many distinct images, the "
@@ -372,10 +380,11 @@ def run_contrastive(
     X alone, or `clean_model` when given (the caller vouches that it is that model; with no
     poisons it is then also the attacked one) — is the baseline.
 
-    - `clip-backdoor`: `poisons` patched pairs (`trigger`, default a 4-px checkerboard at a
-      random place). asr = ASR of the patched test images (non-target classes) under zero-shot
-      classification; z_score = the backdoor z-score of the poisoned image encoder over the
-      test images, clean vs patched; the clean model's in details["baseline_z_score"].
+    - `clip-backdoor`: `poisons` patched pairs (`trigger`, default a 4-px checkerboard at the
+      bottom-right corner; `@random` draws a place per image). asr = ASR of the patched test
+      images (non-target classes) under zero-shot classification; z_score = the backdoor
+      z-score of the poisoned image encoder over the test images, clean vs patched; the clean
+      model's in details["baseline_z_score"].
     - `clip-poison`: `targets` independent target images x'_1..x'_T of the attacker (classes
       other than `target_class`), each with `poisons` pairs of its own, all injected into ONE
       victim model (T·N rows; one model rather than one per target keeps the cost of T trials
@@ -393,8 +402,8 @@ def run_contrastive(
     budget = whole_option(method, "poisons", poisons, low=0)
     epochs = EPOCHS if epochs is None else whole_option(method, "epochs", epochs)
     targets = whole_option(method, "targets", targets)
-    real = isinstance(caption_noise, int | float) and not isinstance(caption_noise, bool)
-    if not (real and 0.0 <= caption_noise <= 1.0):
+    seed = whole_option(method, "seed", seed, low=0)
+    if number_option(method, "caption_noise", caption_noise, zero=True) > 1.0:
         raise PoisonError(f"caption noise must be a share in [0, 1], got {caption_noise!r}")
     _check_classes(data)
     target_class = whole_option(method, "target_class", target_class, low=0)
@@ -443,37 +452,30 @@ def run_contrastive(
     poison_images = [p.features for p in crafted]
     poison_captions = [c for p in crafted for c in p.captions]
     injected = sum(len(p) for p in crafted)
-    train_images = torch.cat([split.victim.features, *poison_images])
-    train_captions = [*victim_captions, *poison_captions]
-    if not injected and clean_model is not None:
-        model = clean_model
-    else:
-        model = _train(
-            train_images,
-            train_captions,
+
+    def fit(images: Tensor, captions: Sequence[str], stage: str) -> DualEncoder:
+        return _train(
+            images,
+            captions,
             tokenizer,
             epochs=epochs,
             seed=seed,
             device=device,
-            checkpoint_dir=None if base is None else base / "poisoned",
+            checkpoint_dir=None if base is None else base / stage,
             progress=progress,
-            stage="poisoned",
+            stage=stage,
+        )
+
+    if not injected and clean_model is not None:
+        model = clean_model
+    else:
+        model = fit(
+            torch.cat([split.victim.features, *poison_images]),
+            [*victim_captions, *poison_captions],
+            "poisoned",
         )
     if clean_model is None:
-        if budget:
-            clean_model = _train(
-                split.victim.features,
-                victim_captions,
-                tokenizer,
-                epochs=epochs,
-                seed=seed,
-                device=device,
-                checkpoint_dir=None if base is None else base / "clean",
-                progress=progress,
-                stage="clean",
-            )
-        else:
-            clean_model = model
+        clean_model = fit(split.victim.features, victim_captions, "clean") if budget else model
     poisoned_head = zero_shot_classifier(model, tokenizer)
     clean_head = zero_shot_classifier(clean_model.eval(), tokenizer)
     target = Target(poisoned_head, Access.LABEL, data.num_classes, device=device)
