@@ -14,10 +14,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sklearn.datasets import load_digits
 from torch import nn
 
-from privacylab.attacks.poisoning.trigger import parse_trigger
+from _backdoor_digits import TARGET, digits, fit, poisoned
 from privacylab.data import Dataset
 from privacylab.defenses.backdoor import (
     BackdoorDefenseError,
@@ -29,8 +28,6 @@ from privacylab.defenses.backdoor.activation_clustering import (
     reduce_activations,
 )
 
-TARGET = 0
-
 
 @dataclass
 class Scene:
@@ -41,36 +38,24 @@ class Scene:
     poisons: np.ndarray
 
 
-def _fit(x: torch.Tensor, y: torch.Tensor) -> nn.Module:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    for _ in range(400):
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
-    return model.eval()
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
 @pytest.fixture(scope="module")
 def scene() -> Iterator[Scene]:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    digits = load_digits()
-    x = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)
-    y = torch.tensor(digits.target, dtype=torch.int64)
+    x, y = digits()
     rows = np.random.default_rng(0).permutation(len(y))[:1300]
     x, y = x[rows], y[rows]
     in_target = int((y == TARGET).sum())
     count = round(0.15 * in_target / 0.85)  # poisons are 15% of the target label
-    donors = np.flatnonzero(y.numpy() != TARGET)[:count]
-    stamped = parse_trigger("square:3@corner").stamp(x[donors])
-    features = torch.cat([x, stamped])
-    labels = torch.cat([y, torch.full((count,), TARGET)])
-    poisoned = Dataset("digits-poisoned", features, labels, 10, (1, 8, 8), "image")
+    features, labels, poisons = poisoned(x, y, count, TARGET)
+    poisoned_set = Dataset("digits-poisoned", features, labels, 10, (1, 8, 8), "image")
     clean = Dataset("digits", x, y, 10, (1, 8, 8), "image")
-    poisons = np.arange(len(x), len(features))
-    yield Scene(_fit(features, labels), _fit(x, y), poisoned, clean, poisons)
+    backdoored = fit(_mlp, features, labels, steps=400)
+    yield Scene(backdoored, fit(_mlp, x, y, steps=400), poisoned_set, clean, poisons)
     torch.set_num_threads(before)
 
 

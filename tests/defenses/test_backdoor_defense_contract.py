@@ -23,10 +23,9 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 
-from privacylab.attacks.poisoning.trigger import parse_trigger
+from _backdoor_digits import digits, fit, poisoned
 from privacylab.data import Dataset
 from privacylab.defenses.backdoor import (
     BACKDOOR_DEFENSES,
@@ -72,29 +71,17 @@ def _net() -> nn.Module:
 
 
 def _fit(x: torch.Tensor, y: torch.Tensor, seed: int, steps: int = 150) -> nn.Module:
-    torch.manual_seed(seed)
-    model = _net()
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
-    for _ in range(steps):
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
-        optimizer.step()
-    return model.eval()
+    return fit(_net, x, y, steps=steps, lr=0.02, seed=seed)
 
 
 @pytest.fixture(scope="module")
 def case() -> Iterator[Case]:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    digits = load_digits()
-    x = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)
-    y = torch.tensor(digits.target, dtype=torch.int64)
+    x, y = digits()
     order = np.random.default_rng(0).permutation(len(y))
     train, clean = order[:600], order[600:800]
-    donors = train[y[train].numpy() != 0][:40]
-    poisons = parse_trigger("square:3@corner").stamp(x[donors])
-    features = torch.cat([x[train], poisons])
-    labels = torch.cat([y[train], torch.zeros(len(donors), dtype=torch.int64)])
+    features, labels, _ = poisoned(x[train], y[train], 40)
     training = Dataset("digits-poisoned", features, labels, 10, (1, 8, 8), "image")
     held = Dataset("digits-clean", x[clean], y[clean], 10, (1, 8, 8), "image")
     model = _fit(features, labels, seed=0)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
 
+from _backdoor_digits import TARGET, TRIGGER, digits, fit, poisoned
 from privacylab.attacks.poisoning.trigger import parse_trigger
 from privacylab.data import Dataset
 from privacylab.defenses.backdoor import (
@@ -25,8 +25,6 @@ from privacylab.defenses.backdoor import (
     evaluate_mitigation,
 )
 from privacylab.defenses.backdoor.fine_pruning import FinePruning, prunable_layer, prune_units
-
-TARGET = 0
 
 
 @dataclass
@@ -41,32 +39,26 @@ class Scene:
 def scene() -> Iterator[Scene]:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    digits = load_digits()
-    x = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)
-    y = torch.tensor(digits.target, dtype=torch.int64)
+    x, y = digits()
     order = np.random.default_rng(0).permutation(len(y))
     train, held, rest = order[:1200], order[1200:1400], order[1400:]
-    trigger = parse_trigger("square:3@corner")
-    donors = train[y[train].numpy() != TARGET][:60]
-    features = torch.cat([x[train], trigger.stamp(x[donors])])
-    labels = torch.cat([y[train], torch.full((60,), TARGET)])
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Flatten(),
-        nn.Linear(64, 64),
-        nn.ReLU(),
-        nn.Linear(64, 256),
-        nn.ReLU(),
-        nn.Linear(256, 10),
+    features, labels, _ = poisoned(x[train], y[train], 60, TARGET)
+    model = fit(
+        lambda: nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(64, 64),
+            nn.ReLU(),
+            nn.Linear(64, 256),
+            nn.ReLU(),
+            nn.Linear(256, 10),
+        ),
+        features,
+        labels,
+        steps=200,
     )
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    for _ in range(200):
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(model(features), labels).backward()
-        optimizer.step()
     clean = Dataset("held", x[held], y[held], 10, (1, 8, 8), "image")
     test = Dataset("test", x[rest], y[rest], 10, (1, 8, 8), "image")
-    yield Scene(model.eval(), clean, test, trigger.stamp(test.features))
+    yield Scene(model, clean, test, parse_trigger(TRIGGER).stamp(test.features))
     torch.set_num_threads(before)
 
 

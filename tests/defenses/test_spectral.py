@@ -17,10 +17,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-from sklearn.datasets import load_digits
 from torch import nn
 
-from privacylab.attacks.poisoning.trigger import parse_trigger
+from _backdoor_digits import TARGET, digits, fit, poisoned
 from privacylab.data import Dataset
 from privacylab.defenses.backdoor import BackdoorDefenseError, BackdoorEvidence
 from privacylab.defenses.backdoor.spectral import (
@@ -28,8 +27,6 @@ from privacylab.defenses.backdoor.spectral import (
     gaussian_separation,
     spectral_scores,
 )
-
-TARGET = 0
 
 
 @settings(max_examples=40, deadline=None)
@@ -117,24 +114,19 @@ class Scene:
 def scene() -> Iterator[Scene]:
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    digits = load_digits()
-    x = torch.tensor(digits.images / 16.0, dtype=torch.float32).unsqueeze(1)
-    y = torch.tensor(digits.target, dtype=torch.int64)
+    x, y = digits()
     rows = np.random.default_rng(0).permutation(len(y))[:1300]
     x, y = x[rows], y[rows]
     count = round(0.10 * int((y == TARGET).sum()) / 0.90)  # 10% of the target label
-    donors = np.flatnonzero(y.numpy() != TARGET)[:count]
-    features = torch.cat([x, parse_trigger("square:3@corner").stamp(x[donors])])
-    labels = torch.cat([y, torch.full((count,), TARGET)])
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    for _ in range(400):
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(model(features), labels).backward()
-        optimizer.step()
+    features, labels, poisons = poisoned(x, y, count, TARGET)
+    model = fit(
+        lambda: nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)),
+        features,
+        labels,
+        steps=400,
+    )
     data = Dataset("digits-poisoned", features, labels, 10, (1, 8, 8), "image")
-    yield Scene(model.eval(), data, np.arange(len(x), len(features)))
+    yield Scene(model, data, poisons)
     torch.set_num_threads(before)
 
 

@@ -53,7 +53,12 @@ from privacylab.defenses.backdoor.base import (
     register_backdoor_defense,
 )
 
-__all__ = ["ActivationClustering", "cleansed_mitigation", "reduce_activations"]
+__all__ = [
+    "ActivationClustering",
+    "cleansed_mitigation",
+    "reduce_activations",
+    "training_activations",
+]
 
 REDUCTIONS = ("ica", "pca")
 
@@ -76,6 +81,19 @@ def reduce_activations(
         warnings.simplefilter("ignore", ConvergenceWarning)
         ica = FastICA(n_components=k, random_state=seed, whiten="unit-variance", max_iter=400)
         return ica.fit_transform(x)
+
+
+def training_activations(
+    defense: BackdoorDefense, model: nn.Module, evidence: BackdoorEvidence, layer: str | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The data-inspecting defences' input (Chen et al. 2019 Sec. 3; Tran et al. 2018 Alg. 1):
+    the chosen layer's activations of every received training row and the rows' labels, after
+    checking the evidence holds what `defense` needs."""
+    evidence.require(defense.name, defense.needs)
+    training = evidence.training
+    assert training is not None
+    activations = layer_activations(model, training.features, layer).numpy()
+    return activations, training.labels.numpy()
 
 
 def cleansed_mitigation(
@@ -165,11 +183,7 @@ class ActivationClustering(BackdoorDefense):
     def inspect(self, model: nn.Module, evidence: BackdoorEvidence) -> Detection:
         """Cluster each label's activations; flag the labels with a small, separated cluster."""
         start = time.perf_counter()
-        evidence.require(self.name, self.needs)
-        training = evidence.training
-        assert training is not None
-        activations = layer_activations(model, training.features, self.layer).numpy()
-        labels = training.labels.numpy()
+        activations, labels = training_activations(self, model, evidence, self.layer)
         sizes: list[float | None] = []
         silhouettes: list[float | None] = []
         poisoned: list[int] = []

@@ -33,14 +33,16 @@ import numpy as np
 from scipy.stats import norm
 from torch import nn
 
-from privacylab.defenses.backdoor.activation_clustering import cleansed_mitigation
+from privacylab.defenses.backdoor.activation_clustering import (
+    cleansed_mitigation,
+    training_activations,
+)
 from privacylab.defenses.backdoor.base import (
     BackdoorDefense,
     BackdoorEvidence,
     Detection,
     check_layer,
     check_number,
-    layer_activations,
     register_backdoor_defense,
 )
 
@@ -90,11 +92,7 @@ class SpectralSignatures(BackdoorDefense):
     def inspect(self, model: nn.Module, evidence: BackdoorEvidence) -> Detection:
         """Score every training row, remove each label's top 1.5·ε share, judge the model."""
         start = time.perf_counter()
-        evidence.require(self.name, self.needs)
-        training = evidence.training
-        assert training is not None
-        activations = layer_activations(model, training.features, self.layer).numpy()
-        labels = training.labels.numpy()
+        activations, labels = training_activations(self, model, evidence, self.layer)
         separation: list[float | None] = []
         removed: list[np.ndarray] = []
         for label in range(evidence.num_classes):
