@@ -115,6 +115,8 @@ def test_bad_input_is_one_line() -> None:
         lambda: CaptionTokenizer().encode(["x"], max_len=0),
         lambda: captions_with("two words", ["a"]),
         lambda: template_captions("eleven"),
+        lambda: build_captions(LABELS, seed=-1),
+        lambda: CaptionTokenizer().decode(["a"]),
     ):
         with pytest.raises(DataError) as info:
             call()

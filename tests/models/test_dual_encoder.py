@@ -118,6 +118,9 @@ def test_bad_configuration_is_one_line() -> None:
         lambda: DualEncoder((1, 8, 8), 0),
         lambda: DualEncoder((1, 8, 8), 10, dim=True),
         lambda: DualEncoder((1, 8, 8), 10, pad_id=10),
+        lambda: DualEncoder((1, 8, 8), 10, pad_id="0"),  # type: ignore[arg-type]
+        lambda: DualEncoder(("a", 8, 8), 10),
+        lambda: DualEncoder(5, 10),  # type: ignore[arg-type]
         lambda: ZeroShotClassifier(DualEncoder((1, 8, 8), 10), [torch.zeros(1, 3).long()]),
         lambda: ZeroShotClassifier(DualEncoder((1, 8, 8), 10), [torch.zeros(3).long()] * 2),
     ):

@@ -224,6 +224,8 @@ def build_captions(
     real = isinstance(noise, int | float | np.floating) and not isinstance(noise, bool)
     if not real or not 0.0 <= float(noise) <= 1.0:
         raise DataError(f"caption noise must be a share in [0, 1], got {noise!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise DataError(f"caption seed must be a whole number >= 0, got {seed!r}")
     rng = np.random.default_rng(seed)
     n = int(y.size)
     noisy = np.zeros(n, dtype=np.int64)
@@ -304,6 +306,7 @@ class CaptionTokenizer:
     def decode(self, ids: Sequence[int] | torch.Tensor) -> str:
         """The words of `ids` joined by spaces, [PAD] dropped."""
         values = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        if any(not 0 <= int(i) < self.vocab_size for i in values):
+        whole = all(isinstance(i, int | np.integer) and not isinstance(i, bool) for i in values)
+        if not whole or any(not 0 <= int(i) < self.vocab_size for i in values):
             raise DataError(f"token ids must lie in [0, {self.vocab_size})")
         return " ".join(self.vocabulary[int(i)] for i in values if int(i) != self.pad_id)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -95,10 +96,11 @@ class DualEncoder(nn.Module):
         pad_id: int = 0,
     ) -> None:
         super().__init__()
-        shape = tuple(int(s) for s in image_shape)
-        if len(shape) != 3 or min(shape) < 1 or min(shape[1:]) < 4:
+        shape = tuple(image_shape) if isinstance(image_shape, Sequence) else ()
+        whole = all(isinstance(s, int | np.integer) and not isinstance(s, bool) for s in shape)
+        if not whole or len(shape) != 3 or min(shape) < 1 or min(shape[1:]) < 4:
             raise ModelError(
-                f"the dual encoder needs (C, H, W) images of at least 4x4, got {shape}"
+                f"the dual encoder needs (C, H, W) images of at least 4x4, got {image_shape!r}"
             )
         for name, value in (
             ("vocab_size", vocab_size),
@@ -108,8 +110,9 @@ class DualEncoder(nn.Module):
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ModelError(f"dual encoder: {name} must be a whole number >= 1, got {value!r}")
-        if not 0 <= pad_id < vocab_size:
+        if isinstance(pad_id, bool) or not isinstance(pad_id, int) or not 0 <= pad_id < vocab_size:
             raise ModelError(f"dual encoder: pad_id must lie in [0, {vocab_size}), got {pad_id!r}")
+        shape = tuple(int(s) for s in shape)
         self.image_shape = shape
         self.config = {
             "image_shape": list(shape),
