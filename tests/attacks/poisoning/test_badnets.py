@@ -181,6 +181,7 @@ def test_task_and_recipe_refuse_malformed_values_in_one_line(digits: Digits) -> 
         lambda: PoisonTask(digits.source, 3, target_class="a"),  # type: ignore[arg-type]
         lambda: PoisonTask(digits.source, 3, target_class=1.5),  # type: ignore[arg-type]
         lambda: PoisonTask(digits.source, 3, target_class=10),
+        lambda: PoisonTask(digits.source, 3, target_class=1, seed=-1),
         lambda: VictimRecipe(model_options=5),  # type: ignore[arg-type]
         lambda: VictimRecipe(model=3),  # type: ignore[arg-type]
         lambda: VictimRecipe.from_dict([1]),  # type: ignore[arg-type]

@@ -142,6 +142,7 @@ class PoisonTask:
 
     def __post_init__(self) -> None:
         whole_option("poisoning", "budget", self.budget)
+        whole_option("poisoning", "seed", self.seed, low=0)
         if self.mode not in MODES:
             raise PoisonError(
                 f"unknown backdoor mode {self.mode!r}; choose one of {', '.join(MODES)}"
