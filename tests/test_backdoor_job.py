@@ -310,6 +310,38 @@ def test_defend_before_is_the_attack_and_rows_are_scored_against_the_poisons(gam
     assert fresh["rows"] == out["rows"]
 
 
+def test_a_killed_defence_resumes_its_retraining(game) -> None:
+    """Killed after the retraining's last epoch (before its result is stored): the checkpoint
+    is kept, named by the cleansed set, and the re-run resumes it to the numbers of a fresh
+    run; the finished run leaves no checkpoint."""
+    folder, _ = game
+    options = {"epsilon": 0.2}
+
+    class KilledError(Exception):
+        pass
+
+    def kill(stage: str, done: float, total: float) -> None:
+        if stage.endswith("retrain") and total > 0 and done == total:
+            raise KilledError
+
+    with pytest.raises(KilledError):
+        defend_backdoor(folder, "spectral", options=options, fresh=True, progress=kill)
+    (left,) = (folder / "checkpoints").glob("spectral-retrain-*")
+    saved = left / "checkpoint.safetensors"
+    stamp = saved.stat().st_mtime_ns
+    seen: list[int] = []
+
+    def look(stage: str, done: float, total: float) -> None:
+        if stage.endswith("retrain") and total > 0 and done == total:
+            seen.append(saved.stat().st_mtime_ns)
+
+    resumed = defend_backdoor(folder, "spectral", options=options, progress=look)
+    assert seen == [stamp], "the re-run trained no epoch again"
+    assert not (folder / "checkpoints").exists()
+    again = defend_backdoor(folder, "spectral", options=options, fresh=True)
+    assert resumed["after"] == again["after"] and resumed["rows"] == again["rows"]
+
+
 def test_defend_refuses_unknown_methods_options_and_other_folders(game, tmp_path) -> None:
     folder, _ = game
     with pytest.raises(BackdoorError, match="unknown backdoor defence 'magic'; choose one of"):

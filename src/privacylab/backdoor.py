@@ -39,6 +39,7 @@ training rows, their precision and recall against the true poison rows.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import inspect
 import json
 import math
@@ -931,7 +932,8 @@ def defend_backdoor(
     against the true poisons, `row_precision_recall`), "scores", "mitigation", "seconds",
     "details", "options", "seed", "folder"}. Writes `defenses/<method>.json` (with the flagged
     row indices) and adds the run to the folder's report. A finished run with the same
-    options and seed is reused unless `fresh`."""
+    options and seed is reused unless `fresh`; a defence's retraining on the cleansed set
+    checkpoints under `checkpoints/` every epoch, so a killed run resumes it."""
     from privacylab.attacks.poisoning import target_labels
     from privacylab.defenses.backdoor import (
         BACKDOOR_DEFENSES,
@@ -964,11 +966,14 @@ def defend_backdoor(
             return _public(kept)
     run = load_backdoor_run(folder, device)
     recipe = config.victim_recipe()
+    retrained: list[Path] = []
 
     def retrain(data: Dataset) -> nn.Module:
         where = device or config.device
         stage = f"{method}: retrain"
-        return _victim(recipe, data, config.seed, where, None, progress, stage)[0]
+        checkpoints = folder / CHECKPOINTS_DIR / f"{method}-retrain-{_digest(data)}"
+        retrained.append(checkpoints)
+        return _victim(recipe, data, config.seed, where, checkpoints, progress, stage)[0]
 
     evidence = BackdoorEvidence(
         num_classes=run.test.num_classes,
@@ -1015,9 +1020,21 @@ def defend_backdoor(
         "folder": str(folder),
     }
     _write_json(store, {**payload, "flagged_rows": flagged_rows})
+    for checkpoints in retrained:
+        shutil.rmtree(checkpoints, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        (folder / CHECKPOINTS_DIR).rmdir()
     public = _public(_read_json(store))
     _add_to_report(folder, {"defense": public}, progress)
     return public
+
+
+def _digest(data: Dataset) -> str:
+    """16 hex digits of the SHA-256 of a data set's rows and labels: the name of the folder of
+    its retraining checkpoints, so a killed retraining resumes only on the same cleansed set."""
+    digest = hashlib.sha256(data.features.detach().cpu().contiguous().numpy().tobytes())
+    digest.update(data.labels.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _public(stored: Mapping[str, Any]) -> dict[str, Any]:
