@@ -13,7 +13,9 @@ Here a unit is pruned by zeroing its weights and bias (and its affine normalisat
 norm layer follows), so its output is a constant that carries nothing and the pruned model
 saves and loads as any other; pruned units stay zero during fine-tuning. The user's model is
 never touched: the work is done on a copy. Fine-pruning repairs and gives no verdict
-(`detected` is None).
+(`detected` is None). The order by mean activation assumes the paper's ReLU units (a dormant
+unit's mean is near 0, the smallest possible); with tanh or sigmoid units a low mean is not
+dormancy, and the pruned unit's constant output is tanh(0) or sigmoid(0).
 """
 
 from __future__ import annotations
