@@ -8,11 +8,16 @@ Networks", IEEE S&P.
   A(x, m, p) = (1 − m) ⊙ x + m ⊙ p and are optimised on clean data to
   min CE(f(A(x, m, p)), c) + λ·|m|_1. Here m = sigmoid(a), p = sigmoid(b) (the paper's code
   uses tanh/2 + 1/2, the same squashing), with Adam.
-- λ follows the paper's adaptive schedule (its released code): it starts at `init_cost`; after
-  `patience` epochs in a row whose reversed trigger reaches `success` on the clean data λ is
-  multiplied by `cost_multiplier`, after `patience` epochs in a row below it λ is divided by
+- An epoch is one pass over the clean rows in shuffled mini-batches; after it each class's
+  current trigger is checked on (up to 512) fixed clean rows: its attack success.
+- λ follows the paper's adaptive schedule (its released defaults): it starts at `init_cost`;
+  after `patience` epochs in a row whose success reaches `success` λ is multiplied by
+  `cost_multiplier`, after `patience` epochs in a row below it λ is divided by
   `cost_multiplier ** 1.5`. The smallest-norm mask that reached `success` is kept (a class that
-  never reaches it keeps its last mask and is reported with `reached = False`).
+  never reaches it keeps its last mask and is reported with `reached = False`); the kept
+  masks' `success` in the result is measured on all clean rows. Early stop: a class whose λ has
+  been both raised and lowered and whose best norm has not improved by 1% for 5·`patience`
+  epochs leaves the batch; `epochs` caps the rest.
 - Sec. IV-C: the anomaly index of the L1 norms (MAD with 1.4826,
   `privacylab.stats.backdoor.anomaly_index`); classes *below* the median with an index above
   `threshold` (2: a 95% outlier under normality) are flagged; the flagged class with the
@@ -151,19 +156,20 @@ def reverse_triggers(
     patience: int = 5,
     success: float = 0.99,
     early_stop: bool = True,
-    eval_rows: int | None = None,
+    eval_rows: int | None = 512,
 ) -> ReversedTriggers:
     """Wang et al. 2019, Sec. IV-B (Eq. 3) with the adaptive λ of the module docstring: the
     smallest trigger (mask, pattern) sending clean `inputs` (n, C, H, W) to each of `classes`,
     all optimised at once (see the module docstring), seeded by `seed`.
 
     An epoch is one pass over `inputs` in shuffled mini-batches of `batch_size`
-    (`steps_per_epoch` steps instead when given); a class's attack success in an epoch is the
-    share of its mini-batch rows sent to it (the paper's measure, no extra forward pass).
-    With `early_stop` a class stops once λ has been both raised and lowered and its best norm
-    has not improved by 1% for 5·`patience` epochs; at most `epochs` epochs. The kept masks'
-    success is re-measured at the end on `eval_rows` rows (None: all). `model` is only read
-    (eval mode, gradients to its parameters are never taken)."""
+    (`steps_per_epoch` steps instead when given); after each epoch the masks are checked on
+    `eval_rows` fixed clean rows (None: all) and a mask is kept only if it reaches `success`
+    there itself (the share of an epoch's mini-batches sent to the class measures the earlier,
+    larger masks of that epoch, and would keep masks that fall short). With `early_stop` a
+    class stops once λ has been both raised and lowered and its best norm has not improved by
+    1% for 5·`patience` epochs; at most `epochs` epochs. `model` is only read (eval mode,
+    gradients to its parameters are never taken)."""
     device = _device(model)
     generator = torch.Generator().manual_seed(int(seed))
     n, channels, height, width = inputs.shape
@@ -179,6 +185,10 @@ def reverse_triggers(
     b = logit(torch.rand(k, channels, height, width, generator=generator)).to(device)
     b.requires_grad_()
     optimizer = torch.optim.Adam([a, b], lr=lr, betas=(0.5, 0.9))
+    check = inputs
+    if eval_rows is not None and eval_rows < n:
+        check = inputs[torch.randperm(n, generator=generator)[:eval_rows]]
+    check = check.to(device)
 
     costs = np.full(k, float(init_cost))
     up = np.zeros(k, dtype=int)
@@ -205,8 +215,6 @@ def reverse_triggers(
             done += 1
             live = torch.from_numpy(np.flatnonzero(active)).to(device)
             m = len(live)
-            hits = torch.zeros(m, device=device)
-            seen = 0
             for _ in range(steps):
                 if cursor >= n:
                     order = torch.randperm(n, generator=generator)
@@ -226,13 +234,12 @@ def reverse_triggers(
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-                hits += (logits.detach().argmax(-1) == wanted[:, None]).sum(1)
-                seen += len(batch)
             idx = np.flatnonzero(active)
-            rate = (hits / seen).cpu().numpy()
             with torch.no_grad():
-                masks = torch.sigmoid(a[live])[:, 0].cpu()
-                patterns = torch.sigmoid(b[live]).cpu()
+                masks = torch.sigmoid(a[live])[:, 0]
+                patterns = torch.sigmoid(b[live])
+            rate = _success(model, check, masks, patterns, target[live])
+            masks, patterns = masks.cpu(), patterns.cpu()
             norms = masks.flatten(1).sum(1).numpy()
             hit = rate >= success
             for j in np.flatnonzero(hit & (norms < best_norm[idx])):
@@ -263,11 +270,8 @@ def reverse_triggers(
             best_masks[c] = final_masks[c]
             best_patterns[c] = final_patterns[c]
             best_norm[c] = float(final_masks[c].sum())
-        check = inputs
-        if eval_rows is not None and eval_rows < n:
-            check = inputs[torch.randperm(n, generator=generator)[:eval_rows]]
         measured = _success(
-            model, check.to(device), best_masks.to(device), best_patterns.to(device), target
+            model, inputs.to(device), best_masks.to(device), best_patterns.to(device), target
         )
     finally:
         for p, flag in zip(model.parameters(), flags, strict=True):
@@ -286,8 +290,9 @@ class NeuralCleanse(BackdoorDefense):
     """Neural Cleanse (Wang et al. 2019, S&P): detection by reverse-engineered trigger norms
     and the MAD anomaly index (Sec. IV), mitigation by unlearning (Sec. VI-C).
 
-    Options: `seeds` restarts (majority verdict); per restart `epochs` × `steps_per_epoch`
-    Adam steps of `batch_size` clean rows at learning rate `lr`; λ schedule `init_cost`,
+    Options: `seeds` restarts (majority verdict); per restart at most `epochs` passes over the
+    clean rows (`steps_per_epoch` Adam steps instead when given) in mini-batches of
+    `batch_size` at learning rate `lr`, `early_stop`; λ schedule `init_cost`,
     `cost_multiplier`, `patience`, attack-success threshold `success`; anomaly `threshold`;
     `classes` to inspect (None: all); `max_rows` clean rows used (None: all); `mitigate`
     (unlearn when a backdoor is detected) with `unlearn_epochs`, `unlearn_fraction`,
