@@ -261,3 +261,18 @@ def test_bad_options_one_line(options: dict[str, object]) -> None:
         NeuralCleanse(**options)  # type: ignore[arg-type]
     assert "\n" not in str(error.value)
     assert str(error.value).startswith("neural-cleanse")
+
+
+def test_early_stop_ends_before_the_cap_and_keeps_a_working_mask() -> None:
+    generator = torch.Generator().manual_seed(0)
+    inputs = torch.rand(64, 1, 6, 6, generator=generator) * 0.2
+    stopped = reverse_triggers(_OnePixel(), inputs, [3], seed=0, epochs=300)
+    full = reverse_triggers(_OnePixel(), inputs, [3], seed=0, epochs=300, early_stop=False)
+    assert stopped.epochs < 300
+    assert full.epochs == 300
+    # the kept mask itself sends >= 99% of the rows to class 3 (not only earlier, larger masks)
+    assert stopped.success[0] >= 0.99
+    stamped = stamp_reversed(inputs, stopped.masks[0], stopped.patterns[0])
+    assert (_OnePixel()(stamped).argmax(1) == 3).float().mean() >= 0.99
+    # stopping lost nothing: 150 more epochs do not find a smaller working trigger
+    assert stopped.norms[0] <= full.norms[0] * 1.01
