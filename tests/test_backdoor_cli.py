@@ -105,6 +105,7 @@ def test_a_layer_option_is_a_module_name_even_when_numeric(folder) -> None:
         (["--trigger", "star:3@corner"], "unknown trigger shape 'star'"),
         (["--option", "colour"], "--option must be KEY=VALUE"),
         (["--recipe", "[1]"], "--recipe must be a JSON object"),
+        (["--recipe", '{"epsilon": 1}'], "give the victim's ε with --epsilon"),
         (["--target-class", "12"], "--target-class must be in [0, 10)"),
     ],
 )
