@@ -242,7 +242,7 @@ class BackdoorConfig:
         from privacylab.attacks.poisoning import PoisonError
         from privacylab.attacks.poisoning.recipe import VictimRecipe
 
-        if "epsilon" in (self.recipe or {}):
+        if (self.recipe or {}).get("epsilon", self.epsilon) != self.epsilon:
             raise BackdoorError("bad victim recipe: give the victim's ε with --epsilon, not in it")
         try:
             recipe = VictimRecipe.from_dict({**VictimRecipe().to_dict(), **(self.recipe or {})})
