@@ -254,6 +254,7 @@ def test_needs_images_and_clean_data(game: Game) -> None:
         {"unlearn_fraction": 0.0},
         {"mitigate": "yes"},
         {"seed": -2},
+        {"threads": 0},
     ],
 )
 def test_bad_options_one_line(options: dict[str, object]) -> None:
@@ -276,3 +277,27 @@ def test_early_stop_ends_before_the_cap_and_keeps_a_working_mask() -> None:
     assert (_OnePixel()(stamped).argmax(1) == 3).float().mean() >= 0.99
     # stopping lost nothing: 150 more epochs do not find a smaller working trigger
     assert stopped.norms[0] <= full.norms[0] * 1.01
+
+
+def test_threads_set_while_running_and_restored(game: Game) -> None:
+    seen: list[int] = []
+
+    class Spy(nn.Module):
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(torch.get_num_threads())
+            return self.inner(x)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        NeuralCleanse(seeds=1, epochs=1, steps_per_epoch=1, mitigate=False).inspect(
+            Spy(game.bad), BackdoorEvidence(10, clean=game.clean)
+        )
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert seen and set(seen) == {1}
