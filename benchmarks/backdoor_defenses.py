@@ -34,13 +34,13 @@ other defaults is not reused); a killed run resumes where it stopped. ``--report
 the table into a report folder (`privacylab.report.backdoor.add_backdoor_run(DIR,
 {"tables": {"defenses": rows}})`).
 
-Published, not measured here: BackdoorBench (Wu et al. 2022, NeurIPS Datasets and
-Benchmarks), CIFAR-10, PreAct-ResNet18, BadNets — the leaderboard's data file
-``static/data/results.csv`` of github.com/backdoorbench/backdoorbench.github.io (commit
-a4ef038, rows 11520-11559), quoted in `PUBLISHED` below: at 10% poison the undefended model has
-ASR 95.0% (accuracy 91.3%), Neural Cleanse brings it to 1.3% (89.1%), activation clustering
-leaves 86.2% and spectral signatures 92.4%; at 1% poison (ASR 74.7%) NC 0.9%, AC 27.2%,
-spectral 74.2% (spectral fails, AC only partly works), fine-pruning 20.2%.
+Published, not measured here: BackdoorBench (Wu et al. 2022, NeurIPS Datasets and Benchmarks),
+CIFAR-10, PreAct-ResNet18, BadNets — the leaderboard's data file ``static/data/results.csv`` of
+github.com/backdoorbench/backdoorbench.github.io (commit a4ef038, rows 11520-11559), quoted in
+`privacylab.report.backdoor.PUBLISHED`: at 10% poison the undefended model has ASR 95.0%
+(accuracy 91.3%), Neural Cleanse brings it to 1.3% (89.1%), activation clustering leaves 86.2%
+and spectral signatures 92.4%; at 1% poison (ASR 74.7%) NC 0.9%, AC 27.2%, spectral 74.2%
+(spectral fails, AC only partly works), fine-pruning 20.2%.
 
 Measured (``OMP_NUM_THREADS=1 python benchmarks/backdoor_defenses.py --json``, defaults: 2
 seeds per rate, 5 clean models, one NC run of 3 restarts per model; `VictimRecipe()` = the MLP
@@ -104,32 +104,13 @@ from privacylab.defenses.backdoor import (
 )
 from privacylab.execution import ResultStore
 from privacylab.execution.store import config_key
+from privacylab.report.backdoor import PUBLISHED, PUBLISHED_SOURCE
 from privacylab.stats.backdoor import attack_success_rate
 
 TRIGGER = "square:4@corner"
 RATES = (0.01, 0.10)
 NC_THRESHOLD = 2.0
 DEFENSES = ("neural-cleanse", "strip", "activation-clustering", "spectral", "fine-pruning")
-
-PUBLISHED_SOURCE = (
-    "BackdoorBench (Wu et al. 2022), leaderboard data static/data/results.csv, "
-    "github.com/backdoorbench/backdoorbench.github.io commit a4ef038, rows 11520-11559: "
-    "CIFAR-10, PreAct-ResNet18, BadNets"
-)
-PUBLISHED: tuple[dict[str, Any], ...] = (
-    {"poison_rate": 0.10, "defense": "none", "accuracy": 0.9132, "asr": 0.9503},
-    {"poison_rate": 0.10, "defense": "neural-cleanse", "accuracy": 0.8905, "asr": 0.0127},
-    {"poison_rate": 0.10, "defense": "activation-clustering", "accuracy": 0.8880, "asr": 0.8623},
-    {"poison_rate": 0.10, "defense": "spectral", "accuracy": 0.8998, "asr": 0.9241},
-    {"poison_rate": 0.10, "defense": "fine-pruning", "accuracy": 0.9131, "asr": 0.5713},
-    {"poison_rate": 0.01, "defense": "none", "accuracy": 0.9314, "asr": 0.7473},
-    {"poison_rate": 0.01, "defense": "neural-cleanse", "accuracy": 0.9164, "asr": 0.0088},
-    {"poison_rate": 0.01, "defense": "activation-clustering", "accuracy": 0.8888, "asr": 0.2718},
-    {"poison_rate": 0.01, "defense": "spectral", "accuracy": 0.9262, "asr": 0.7420},
-    {"poison_rate": 0.01, "defense": "fine-pruning", "accuracy": 0.9298, "asr": 0.2018},
-)
-"""BackdoorBench's published numbers (test accuracy and ASR after each defence), verbatim
-from `PUBLISHED_SOURCE` (rounded to 4 digits)."""
 
 
 def _log(message: str) -> None:
