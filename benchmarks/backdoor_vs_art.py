@@ -93,8 +93,9 @@ seconds are noisy):
   each pair shares one model and one ASR. ``art-pattern``: ASR 0.830 at 1% (35 poisons), 0.997
   at 10%; ``square:4@corner``: 0.979 at 1%, 0.997 at 10%; clean accuracy 0.949-0.953 against
   0.952 for the clean model (whose ASR is 0.003).
-* Neural Cleanse (ours only): both models flagged, class 0 named (anomaly index 2.37 / 2.70),
-  unlearning ASR → 0.019 / 0.027 at accuracy 0.939 / 0.947 (27.5 / 12.8 s).
+* Neural Cleanse (ours only; the defaults of commit 957d0d8 and after): both models flagged,
+  class 0 named (anomaly index 2.54 / 2.20), unlearning ASR → 0.019 / 0.028 at accuracy 0.941 /
+  0.943 (35 / 33 s).
 * STRIP on the same filter metric: ours FAR 0.46 (1%) / 0.12 (10%) at FRR 0.007 / 0.013;
   ART FAR 0.99 / 0.97 at FRR 0.010 / 0.008; ours/ART seconds 0.11 / 0.15. ART superimposes by
   averaging (0.5·x + 0.5·x'), ours adds and clips as Gao et al.'s code does; ours with
