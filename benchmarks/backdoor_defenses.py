@@ -50,10 +50,11 @@ each defence's mitigation and are noisy on a shared machine):
 * Models: BadNets 1% (35 poisons) ASR 0.966 / 0.989, accuracy 0.953 / 0.943; 10% (389)
   ASR 0.998 / 1.000, accuracy 0.949 / 0.951; clean models accuracy 0.927-0.956, the trigger's
   ASR on them 0.002-0.004.
-* Neural Cleanse: 10% detected 2/2, target class named 2/2 (6/6 restarts), mean anomaly index
-  3.20, unlearning ASR 1.00 → 0.01 at accuracy 0.95 → 0.94 (BackdoorBench: 0.95 → 0.013);
-  1% detected 1/2 (4/6 restarts, target named), mean ASR 0.98 → 0.49. False positives on
-  clean models: 1/5 runs, 3/15 restarts (0.20); mean index 1.52.
+* Neural Cleanse (its defaults of commit 957d0d8 and after; re-measured with the models of the
+  store): 10% detected 2/2, target class named 2/2 (6/6 restarts), mean anomaly index 3.19,
+  unlearning ASR 1.00 → 0.02 at accuracy 0.95 → 0.94 (BackdoorBench: 0.95 → 0.013); 1%
+  detected 2/2 (6/6 restarts, target named), index 2.09 / 3.24, ASR 0.98 → 0.015. False
+  positives on clean models: 2/5 runs (class 5 both times), 5/15 restarts; mean index 1.81.
 * STRIP (filter): FRR 0.01; FAR 0.41 at 1% and 0.05 at 10%, so ASR with the filter 0.98 →
   0.39 and 1.00 → 0.05 at accuracy −0.01 to −0.02.
 * Activation clustering: at 1% flags 2/2 models (the target in 1 of 2), precision 0.21,
