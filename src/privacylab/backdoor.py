@@ -503,17 +503,13 @@ def _victim(
     progress: Progress | None,
     stage: str,
 ) -> tuple[nn.Module, dict[str, Any]]:
-    """`train_victim`, with per-epoch progress where it takes a `progress` hook (else the
-    stage's start and end)."""
+    """`train_victim`, its start and end ticked on `stage`."""
     from privacylab.attacks.poisoning.recipe import train_victim
 
     epochs = float(recipe.epochs)
     _tick(progress, stage, 0, epochs)
-    extra: dict[str, Any] = {}
-    if progress is not None and "progress" in inspect.signature(train_victim).parameters:
-        extra["progress"] = lambda record: progress(stage, float(record.epoch), epochs)
     model, summary = train_victim(
-        recipe, data, seed=seed, device=device, checkpoint_dir=checkpoints, **extra
+        recipe, data, seed=seed, device=device, checkpoint_dir=checkpoints
     )
     _tick(progress, stage, epochs, epochs)
     return model, summary

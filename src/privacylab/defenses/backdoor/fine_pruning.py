@@ -38,9 +38,9 @@ from privacylab.defenses.backdoor.base import (
     check_number,
     check_whole,
     layer_activations,
-    predicted_labels,
     register_backdoor_defense,
 )
+from privacylab.defenses.base import accuracy as clean_accuracy
 
 __all__ = ["FinePruning", "prunable_layer", "prune_units"]
 
@@ -97,10 +97,6 @@ def prune_units(model: nn.Module, layer: str, units: list[int] | np.ndarray) -> 
                 tensor = getattr(module, attr, None)
                 if isinstance(tensor, Tensor) and tensor.ndim >= 1:
                     tensor[index.to(tensor.device)] = 0.0
-
-
-def _accuracy(model: nn.Module, data: Dataset) -> float:
-    return float(np.mean(predicted_labels(model, data.features) == data.labels.numpy()))
 
 
 @register_backdoor_defense
@@ -194,24 +190,24 @@ class FinePruning(BackdoorDefense):
         repaired = self.copy_model(model).eval()
         activity = self.mean_activations(repaired, layer, clean)
         order = np.argsort(activity, kind="stable")
-        baseline = _accuracy(repaired, clean)
+        baseline = clean_accuracy(repaired, clean)
         limit = int(np.floor(self.fraction * order.size))
         pruned = 0
         curve = [baseline]
         trial = self.copy_model(repaired)
         for count in range(1, limit + 1):
             prune_units(trial, layer, order[count - 1 : count])
-            accuracy = _accuracy(trial, clean)
+            accuracy = clean_accuracy(trial, clean)
             if baseline - accuracy > self.max_drop:
                 break
             pruned = count
             curve.append(accuracy)
         removed = np.sort(order[:pruned])
         prune_units(repaired, layer, removed)
-        pruned_accuracy = _accuracy(repaired, clean)
+        pruned_accuracy = clean_accuracy(repaired, clean)
         if self.epochs:
             self.fine_tune(repaired, layer, removed, clean, evidence.seed)
-        tuned_accuracy = _accuracy(repaired, clean)
+        tuned_accuracy = clean_accuracy(repaired, clean)
         details: dict[str, Any] = {
             "layer": layer,
             "units": int(order.size),
