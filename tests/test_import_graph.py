@@ -56,6 +56,7 @@ LAYERS: dict[str, int] = {
     "dpforward": 7,
     "embedding": 7,
     "backdoor": 7,
+    "memorize": 7,
     "byo": 8,
     # 9: the command line; 10: `python -m privacylab`
     "cli": 9,

@@ -19,6 +19,7 @@ from privacylab.cli import (  # noqa: F401  (register commands)
     lm,
     lm_extraction,
     lm_membership,
+    memorization,
     model_inversion,
     property_inference,
     run,

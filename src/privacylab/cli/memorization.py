@@ -1,0 +1,1 @@
+"""`privacylab attack memorization` (issue 18). Placeholder."""

@@ -1,0 +1,1 @@
+"""Checks and defences against memorization attacks (issue 18). Placeholder."""

@@ -1,0 +1,1 @@
+"""The memorization job: `privacylab attack memorization` (issue 18). Placeholder."""

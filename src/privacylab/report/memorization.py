@@ -1,0 +1,1 @@
+"""The memorization report section (issue 18). Placeholder."""

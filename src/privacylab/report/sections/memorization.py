@@ -1,0 +1,1 @@
+"""The memorization report section renderer (issue 18). Placeholder."""
