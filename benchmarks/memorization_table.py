@@ -1,0 +1,544 @@
+"""Song, Ristenpart & Shmatikov (CCS 2017, "Machine Learning Models that Remember Too Much")
+on our data: every registered memorization attack at two or three strengths on mnist5k, beside
+the numbers the paper reports, with the honest model as the named peer.
+
+Setting (the job's default, `privacylab attack memorization`): mnist5k split by one seeded
+permutation into 1,000 test rows, the holder's 3,500 training rows X and 500 held-out rows
+(clean rows the query checks of `memorization_checks.py` calibrate on); the victim recipe
+(`VictimRecipe()`: the 784-512-256-10 ReLU MLP, 535,818 parameters, Adam 2e-3, 20 epochs,
+batch 64); the secret = the first `items` rows of a seeded permutation of X (seed = the run's
+seed), pixels quantised to `value_bits` bits. For each (method, setting) one model is trained
+by the attack's malicious training (`train_encoded`), decoded by the attack's decoder through a
+`Target` at its declared access (`run_memorization`, the training set as the candidates an
+item must be told apart from), and the *same decoder* is run on the honest model of the same
+seed — the peer: no maintained tool implements these attacks (the authors' code is a research
+snapshot, not a tool), so the baseline is what the decoder reads from a model that hides
+nothing, which must be chance (bit accuracy ~1/2, no item recovered).
+
+Columns: honest and encoded test accuracy and their difference, items recovered / items
+(decoded nearer to the original than to any other training row), bit accuracy, MAE and PSNR of
+the decoded images, queries (black-box) and recovered bits (bits × (1 − h(bit error))) per
+parameter or per query; then the honest model's decode; then the CPU-seconds of the malicious
+training against the honest training (one thread each, `time.process_time`). Song et al.'s
+reported numbers follow in a second table, as constants with their table number, and the
+ratios ours/theirs where a quantity is comparable (accuracy change, decode quality).
+
+Models are cached under `--store` (safetensors + JSON sidecar per (role, method, setting,
+seed), `privacylab.models.save_model`; trainer checkpoints while one trains), results as one
+JSON file per row: a killed run resumes and a re-run trains nothing already stored. The
+helpers here (split, secret, cached training, decoding) are shared by
+`memorization_checks.py` and `memorization_dp.py`.
+
+    OMP_NUM_THREADS=1 python benchmarks/memorization_table.py --store /work/bench18/h6 [--seeds 0]
+        [--methods lsb correlation sign capacity] [--quick] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from privacylab.attacks.memorization import base as mem
+from privacylab.attacks.memorization.training import train_encoded, train_honest
+from privacylab.attacks.poisoning.recipe import VictimRecipe
+from privacylab.data import Dataset, load_dataset
+from privacylab.target import Target
+
+TEST, TRAIN = 1000, 3500
+DEFAULT_STORE = "/work/bench18/h6"
+
+
+def log(message: str) -> None:
+    """Progress on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- data, secret, models
+
+
+@dataclass(frozen=True)
+class Split:
+    """The rows of one seed: the holder's training set, the test set, held-out clean rows."""
+
+    train: Dataset
+    test: Dataset
+    held: Dataset
+    seed: int
+
+
+def split(seed: int, train_size: int = TRAIN, test_size: int = TEST) -> Split:
+    """mnist5k by one seeded permutation: test rows first, then training rows, the rest held out."""
+    data = load_dataset("mnist5k")
+    order = np.random.default_rng(seed).permutation(len(data))
+    cut = test_size + train_size
+    return Split(
+        data.subset(order[test_size:cut]),
+        data.subset(order[:test_size]),
+        data.subset(order[cut:]),
+        seed,
+    )
+
+
+def secret_for(train: Dataset, seed: int, items: int, value_bits: int) -> mem.Secret:
+    """The job's secret: the first `items` rows of a seeded permutation of the training set."""
+    rows = np.random.default_rng(seed).permutation(len(train))[:items]
+    return mem.choose_secret(train, rows, value_bits)
+
+
+def accuracy(model: nn.Module, data: Dataset) -> float:
+    """Test accuracy (evaluation, not a counted query)."""
+    model.eval()
+    with torch.no_grad():
+        predicted = torch.cat(
+            [model(data.features[i : i + 1024]).argmax(1) for i in range(0, len(data), 1024)]
+        )
+    return float((predicted == data.labels).float().mean())
+
+
+class Store:
+    """The benchmark folder: `models/<key>/` (save_model), `results/<group>/<key>.json`."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        (self.root / "models").mkdir(parents=True, exist_ok=True)
+        (self.root / "results").mkdir(parents=True, exist_ok=True)
+        (self.root / "locks").mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        """An exclusive lock on `key` (two scripts never train the same model at once)."""
+        with open(self.root / "locks" / f"{key}.lock", "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def result(self, group: str, key: str) -> dict[str, Any] | None:
+        path = self.root / "results" / group / f"{key}.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def put(self, group: str, key: str, value: dict[str, Any]) -> dict[str, Any]:
+        folder = self.root / "results" / group
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{key}.json.tmp"
+        tmp.write_text(json.dumps(value, indent=1, default=_json_default))
+        os.replace(tmp, folder / f"{key}.json")
+        return value
+
+    def results(self, group: str) -> list[dict[str, Any]]:
+        folder = self.root / "results" / group
+        return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
+    def cached(
+        self,
+        key: str,
+        data: Dataset,
+        recipe: VictimRecipe,
+        build: Callable[[Path], tuple[nn.Module, dict[str, Any]]],
+    ) -> tuple[nn.Module, dict[str, Any]]:
+        """The model stored under `key`, or `build(checkpoint_dir)` trained now (CPU-seconds and
+        wall-seconds recorded in the sidecar) and stored."""
+        from privacylab.models import load_model, save_model
+
+        folder = self.root / "models" / key
+        with self.lock(key):
+            if (folder / "model.json").is_file():
+                model, _, meta = load_model(folder)
+                return model.eval(), meta
+            checkpoints = self.root / "checkpoints" / key
+            log(f"training {key} ...")
+            cpu, wall = time.process_time(), time.perf_counter()
+            model, summary = build(checkpoints)
+            meta = {
+                "key": key,
+                "cpu_seconds": time.process_time() - cpu,
+                "wall_seconds": time.perf_counter() - wall,
+                "threads": torch.get_num_threads(),
+                "epsilon_spent": (summary.get("privacy") or {}).get("epsilon"),
+                "recipe": recipe.to_dict(),
+            }
+            save_model(model, folder, recipe.spec(data), meta)
+            shutil.rmtree(checkpoints, ignore_errors=True)
+            log(f"trained {key} in {meta['cpu_seconds']:.0f} CPU-s ({meta['wall_seconds']:.0f} s)")
+            return model.eval(), meta
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return str(value)
+
+
+def _eps_tag(epsilon: float | None) -> str:
+    return "inf" if epsilon is None else f"{epsilon:g}"
+
+
+def honest(
+    store: Store, rows: Split, recipe: VictimRecipe, tag: str = ""
+) -> tuple[nn.Module, dict[str, Any]]:
+    """The honest model of `recipe` on `rows` (cached)."""
+    key = f"honest{tag}-eps{_eps_tag(recipe.epsilon)}-s{rows.seed}"
+    return store.cached(
+        key,
+        rows.train,
+        recipe,
+        lambda ckpt: train_honest(recipe, rows.train, seed=rows.seed, checkpoint_dir=ckpt),
+    )
+
+
+def option_tag(options: dict[str, Any]) -> str:
+    """A file-name-safe tag of attack options and secret settings."""
+    parts = [f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in sorted(options.items())]
+    return "-".join(parts).replace("/", "_").replace(" ", "") or "default"
+
+
+def encoded(
+    store: Store,
+    rows: Split,
+    recipe: VictimRecipe,
+    method: str,
+    options: dict[str, Any],
+    secret: mem.Secret,
+) -> tuple[nn.Module, dict[str, Any], mem.MemorizationAttack]:
+    """The model released by `method`'s malicious training hiding `secret` (cached)."""
+    attack = mem.make_memorization(method, **options)
+    layout = secret.layout
+    tag = option_tag({**options, "items": layout.items, "vb": layout.value_bits})
+    key = f"{method}-{tag}-eps{_eps_tag(recipe.epsilon)}-s{rows.seed}"
+    model, meta = store.cached(
+        key,
+        rows.train,
+        recipe,
+        lambda ckpt: train_encoded(
+            attack, secret, recipe, rows.train, seed=rows.seed, key=rows.seed, checkpoint_dir=ckpt
+        ),
+    )
+    return model, meta, attack
+
+
+def decode(
+    attack: mem.MemorizationAttack,
+    model: nn.Module,
+    rows: Split,
+    secret: mem.Secret,
+    *,
+    clean_accuracy: float,
+    honest_accuracy: float,
+    monitor: Any = None,
+) -> mem.MemorizationResult:
+    """`run_memorization` of `attack` on `model` behind a Target at the attack's access (with a
+    query `monitor` if given), the training set as candidates."""
+    access = attack.threat_model.access
+    target = Target(model, access, rows.train.num_classes)
+    if monitor is not None:
+        target = target.with_monitor(monitor)
+    task = mem.MemorizationTask(
+        secret.layout, tuple(rows.train.input_shape), rows.train.num_classes, key=rows.seed
+    )
+    return mem.run_memorization(
+        attack,
+        target,
+        task,
+        secret,
+        clean_accuracy=clean_accuracy,
+        honest_accuracy=honest_accuracy,
+        candidates=rows.train.features.numpy(),
+    )
+
+
+def summary(result: mem.MemorizationResult) -> dict[str, Any]:
+    """The result's JSON form (no image arrays)."""
+    return {k: v for k, v in result.to_dict().items() if k not in ("threat_model",)}
+
+
+def fmt(value: Any, spec: str = ".3f") -> str:
+    """A table cell; '-' for None/NaN."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def default_option(method: str, name: str) -> Any:
+    """The constructor default of option `name` of attack `method`."""
+    return getattr(mem.make_memorization(method), name)
+
+
+def fill_items(method: str, options: dict[str, Any], value_bits: int, rows: Split) -> int:
+    """As many whole items as `method` with `options` can hide in the victim model (at most
+    the training set)."""
+    attack = mem.make_memorization(method, **options)
+    model = VictimRecipe().spec(rows.train).build(seed=0)
+    per_item = int(np.prod(rows.train.input_shape)) * value_bits
+    room = attack.capacity(model, rows.train.num_classes, len(rows.train))
+    return int(min(room // per_item, len(rows.train)))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the table: the attack's options and the secret's size (items of
+    `value_bits`-bit pixels; items 0 = fill the model's capacity)."""
+
+    method: str
+    options: dict[str, Any]
+    items: int
+    value_bits: int
+    label: str
+
+    def resolved(self, rows: Split) -> Setting:
+        if self.items:
+            return self
+        items = fill_items(self.method, self.options, self.value_bits, rows)
+        return Setting(self.method, self.options, items, self.value_bits, self.label)
+
+
+def settings(method: str, quick: bool = False) -> list[Setting]:
+    """The strengths / bit settings measured per method (the attacks' defaults among them)."""
+    if method == "lsb":
+        bits = [16] if quick else [8, 16, 20]
+        return [Setting("lsb", {"bits": b}, 0 if not quick else 20, 8, f"b={b}") for b in bits]
+    if method in ("correlation", "sign"):
+        strength = float(default_option(method, "strength"))
+        scale = [1.0] if quick else [0.3, 1.0, 3.0]
+        items, bits = (50, 8) if method == "correlation" else (40, 4)
+        if quick:
+            items = 5
+        return [
+            Setting(method, {"strength": strength * m}, items, bits, f"λ={strength * m:g}")
+            for m in scale
+        ]
+    if method == "capacity":
+        if quick:
+            return [Setting("capacity", {}, 2, 1, "1-bit x2")]
+        ratio = float(default_option("capacity", "ratio"))
+        return [
+            Setting("capacity", {}, 16, 1, f"1-bit x16 r={ratio:g}"),
+            Setting("capacity", {}, 4, 4, f"4-bit x4 r={ratio:g}"),
+            Setting("capacity", {"ratio": 2 * ratio}, 8, 4, f"4-bit x8 r={2 * ratio:g}"),
+        ]
+    options = {}
+    return [Setting(method, options, 10, 8, "default")]
+
+
+def measure(
+    store: Store, rows: Split, recipe: VictimRecipe, setting: Setting, group: str
+) -> dict[str, Any]:
+    """One (setting, seed) row: honest and encoded models, the decode of each (cached)."""
+    setting = setting.resolved(rows)
+    tag = option_tag({**setting.options, "items": setting.items, "vb": setting.value_bits})
+    key = f"{setting.method}-{tag}-eps{_eps_tag(recipe.epsilon)}-s{rows.seed}"
+    stored = store.result(group, key)
+    if stored is not None:
+        return stored
+    honest_model, honest_meta = honest(store, rows, recipe)
+    honest_acc = accuracy(honest_model, rows.test)
+    secret = secret_for(rows.train, rows.seed, setting.items, setting.value_bits)
+    model, meta, attack = encoded(store, rows, recipe, setting.method, setting.options, secret)
+    acc = accuracy(model, rows.test)
+    ours = decode(attack, model, rows, secret, clean_accuracy=acc, honest_accuracy=honest_acc)
+    peer = decode(
+        attack, honest_model, rows, secret, clean_accuracy=honest_acc, honest_accuracy=honest_acc
+    )
+    row = {
+        "key": key,
+        "method": setting.method,
+        "label": setting.label,
+        "options": setting.options,
+        "items": setting.items,
+        "value_bits": setting.value_bits,
+        "seed": rows.seed,
+        "epsilon": recipe.epsilon,
+        "epsilon_spent": meta.get("epsilon_spent"),
+        "honest_epsilon_spent": honest_meta.get("epsilon_spent"),
+        "honest_accuracy": honest_acc,
+        "accuracy": acc,
+        "result": summary(ours),
+        "honest_decode": summary(peer),
+        "cpu_seconds": meta["cpu_seconds"],
+        "honest_cpu_seconds": honest_meta["cpu_seconds"],
+        "time_ratio": meta["cpu_seconds"] / max(honest_meta["cpu_seconds"], 1e-9),
+    }
+    log(
+        f"{key}: acc {honest_acc:.3f} -> {acc:.3f}, recovered {ours.recovered}/{ours.items}, "
+        f"bit acc {ours.bit_accuracy:.3f} (honest model: {peer.bit_accuracy:.3f})"
+    )
+    return store.put(group, key, row)
+
+
+def _mean(values: list[Any]) -> float | None:
+    kept = [float(v) for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
+
+
+def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of one (method, setting) over seeds: means (and the seed count)."""
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        groups.setdefault((row["method"], row["label"]), []).append(row)
+    out = []
+    for (method, label), members in groups.items():
+        res = [m["result"] for m in members]
+        peer = [m["honest_decode"] for m in members]
+        out.append(
+            {
+                "method": method,
+                "label": label,
+                "seeds": [m["seed"] for m in members],
+                "items": members[0]["items"],
+                "value_bits": members[0]["value_bits"],
+                "epsilon": members[0].get("epsilon"),
+                "honest_accuracy": _mean([m["honest_accuracy"] for m in members]),
+                "accuracy": _mean([m["accuracy"] for m in members]),
+                "accuracy_change": _mean([m["accuracy"] - m["honest_accuracy"] for m in members]),
+                "recovered": _mean([r["recovered"] for r in res]),
+                "bit_accuracy": _mean([r["bit_accuracy"] for r in res]),
+                "exact_match": _mean([r["exact_match"] for r in res]),
+                "mae": _mean([r["mae"] for r in res]),
+                "psnr": _mean([r["psnr"] for r in res]),
+                "queries": _mean([r["queries"] for r in res]),
+                "bits_per_parameter": _mean([r["bits_per_parameter"] for r in res]),
+                "bits_per_query": _mean([r["bits_per_query"] for r in res]),
+                "honest_recovered": _mean([p["recovered"] for p in peer]),
+                "honest_bit_accuracy": _mean([p["bit_accuracy"] for p in peer]),
+                "honest_mae": _mean([p["mae"] for p in peer]),
+                "honest_psnr": _mean([p["psnr"] for p in peer]),
+                "time_ratio": _mean([m["time_ratio"] for m in members]),
+                "cpu_seconds": _mean([m["cpu_seconds"] for m in members]),
+                "honest_cpu_seconds": _mean([m["honest_cpu_seconds"] for m in members]),
+                "epsilon_spent": _mean([m.get("epsilon_spent") for m in members]),
+            }
+        )
+    return out
+
+
+def ours_table(rows: list[dict[str, Any]]) -> str:
+    """Our measured rows (means over seeds) as fixed-width text."""
+    head = (
+        f"{'method':<11} {'setting':<18} {'n':>2} {'acc hon':>7} {'acc enc':>7} {'Δacc':>6} "
+        f"{'recov':>9} {'bit acc':>7} {'MAE':>6} {'PSNR':>5} {'queries':>7} {'bit/par':>7} "
+        f"{'bit/qry':>7} | {'hon rec':>7} {'hon bit':>7} {'hon PSNR':>8} | {'t/t_hon':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['method']:<11} {r['label']:<18} {len(r['seeds']):>2} "
+            f"{fmt(r['honest_accuracy']):>7} {fmt(r['accuracy']):>7} "
+            f"{fmt(r['accuracy_change'], '+.3f'):>6} "
+            f"{fmt(r['recovered'], '.0f') + '/' + str(r['items']):>9} "
+            f"{fmt(r['bit_accuracy']):>7} {fmt(r['mae']):>6} {fmt(r['psnr'], '.1f'):>5} "
+            f"{fmt(r['queries'] or None, '.0f'):>7} {fmt(r['bits_per_parameter'], '.3f'):>7} "
+            f"{fmt(r['bits_per_query'], '.2f'):>7} | "
+            f"{fmt(r['honest_recovered'], '.0f'):>7} {fmt(r['honest_bit_accuracy']):>7} "
+            f"{fmt(r['honest_psnr'], '.1f'):>8} | {fmt(r['time_ratio'], '.2f'):>7}"
+        )
+    return "\n".join(lines)
+
+
+SONG: list[dict[str, Any]] = []
+"""Song et al. 2017's reported numbers (filled from the paper's tables; see `song_table`)."""
+
+
+def song_table(ours: list[dict[str, Any]]) -> str:
+    """Song et al.'s reported rows beside ours (best matching setting of the same method) and
+    the ratios ours/theirs where comparable."""
+    head = (
+        f"{'method':<11} {'paper row':<38} {'their Δacc':>10} {'our Δacc':>8} {'ratio':>6} "
+        f"{'their MAE':>9} {'our MAE':>7} {'ratio':>6} | {'our setting':<18}"
+    )
+    lines = [head, "-" * len(head)]
+    for paper in SONG:
+        mine = [r for r in ours if r["method"] == paper["method"]]
+        if paper.get("match"):
+            mine = [r for r in mine if r["label"] == paper["match"]] or mine
+        if not mine:
+            continue
+        r = mine[0]
+        theirs_dacc = paper.get("accuracy_change")
+        theirs_mae = paper.get("mae")
+        lines.append(
+            f"{paper['method']:<11} {paper['row']:<38} {fmt(theirs_dacc, '+.3f'):>10} "
+            f"{fmt(r['accuracy_change'], '+.3f'):>8} "
+            f"{fmt(_ratio(r['accuracy_change'], theirs_dacc), '.2f'):>6} "
+            f"{fmt(theirs_mae):>9} {fmt(r['mae']):>7} {fmt(_ratio(r['mae'], theirs_mae), '.2f'):>6}"
+            f" | {r['label']:<18}"
+        )
+    return "\n".join(lines)
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    if ours is None or theirs is None or theirs == 0:
+        return None
+    return ours / theirs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", default=DEFAULT_STORE, help="models and results folder")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--methods", nargs="+", default=["lsb", "correlation", "sign", "capacity"])
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run (500 rows, 2 epochs)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    print(
+        "$ python benchmarks/memorization_table.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        file=sys.stderr if args.json else sys.stdout,
+    )
+    recipe, store, group = VictimRecipe(), Store(args.store), "table"
+    if args.quick:
+        recipe = VictimRecipe(epochs=2, model_options={"widths": [64], "activation": "relu"})
+        store, group = Store(Path(args.store) / "quick"), "table-quick"
+    measured = []
+    for seed in args.seeds:
+        rows = split(seed, 500, 200) if args.quick else split(seed)
+        for method in args.methods:
+            for setting in settings(method, args.quick):
+                measured.append(measure(store, rows, recipe, setting, group))
+    means = aggregate(measured)
+    result = {
+        "benchmark": "memorization_table",
+        "dataset": "mnist5k",
+        "split": {"test": TEST, "train": TRAIN} if not args.quick else {"test": 200, "train": 500},
+        "recipe": recipe.to_dict(),
+        "seeds": args.seeds,
+        "rows": means,
+        "song": SONG,
+    }
+    Store(args.store).put(
+        "summary", "memorization_table" + ("-quick" if args.quick else ""), result
+    )
+    if args.json:
+        print(json.dumps(result, default=_json_default))
+    else:
+        print(ours_table(means))
+        print()
+        print("Song et al. 2017 (reported) beside ours:")
+        print(song_table(means))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
