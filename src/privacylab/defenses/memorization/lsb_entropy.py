@@ -1,0 +1,60 @@
+"""`lsb-entropy`: the low mantissa bits of the weights against uniformity (the check against
+LSB encoding, Song et al. 2017 Sec. 4.1; seed 004, Exercise 4).
+
+The low bits of a float32 weight that training moved are rounding noise: ≈ uniform. LSB
+encoding overwrites them with the secret's bits — raw pixels or float32 rows, far from
+uniform (mostly-black MNIST images make most written bytes 0). Per window of `window`
+consecutive parameters (`parameter_vector` order) the low `bits` mantissa bits are tested
+against uniformity over their 2^bits values (Pearson's chi-square,
+`privacylab.stats.weight_tests.window_chi_square`); the statistic is -log10 of the
+Bonferroni-corrected smallest window p-value (`bonferroni_log10`).
+
+Honest models are not exactly uniform there: weights that never receive a gradient (first-layer
+weights of pixels that are 0 in every training image) keep their initial values, whose low
+bits are biased (uniform initialisation computes u·2b - b, which cancels low bits near 0); the
+threshold is calibrated on such models.
+
+Evaded by: a secret encrypted or compressed before writing (uniform bits; Song et al. note
+the payload may be compressed), or written in fewer low bits than the rounding noise hides.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from privacylab.data import Dataset
+from privacylab.defenses.memorization.base import WeightCheck, register_weight_check, whole_number
+from privacylab.stats.weight_tests import bonferroni_log10, window_chi_square, windows
+
+__all__ = ["LSBEntropyCheck"]
+
+
+@register_weight_check
+class LSBEntropyCheck(WeightCheck):
+    """Chi-square uniformity of the low `bits` mantissa bits per `window` parameters;
+    statistic -log10(min(1, m · p_min)) over the m windows.
+
+    Threshold: CALIBRATION."""
+
+    name = "lsb-entropy"
+    default_threshold = 10.0
+
+    def __init__(
+        self, *, window: int = 4096, bits: int = 8, threshold: float | None = None
+    ) -> None:
+        self.window = whole_number(self.name, "window", window, 16)
+        self.bits = whole_number(self.name, "bits", bits, 1, 16)
+        super().__init__(threshold=threshold)
+
+    def scan(self, vector: np.ndarray, data: Dataset | None) -> tuple[float, dict[str, Any]]:
+        """(statistic, detail: worst window's [start, stop), its log10 p, window count)."""
+        log_p = window_chi_square(vector, self.window, self.bits)
+        worst = int(np.argmin(log_p))
+        start, stop = windows(vector.size, self.window)[worst]
+        return bonferroni_log10(log_p), {
+            "windows": int(log_p.size),
+            "worst_window": [start, stop],
+            "worst_log10_p": float(log_p[worst] / np.log(10)),
+        }
