@@ -1,0 +1,229 @@
+"""Capacity abuse: the black-box memorization attack of Song, Ristenpart & Shmatikov, "Machine
+Learning Models that Remember Too Much" (CCS 2017, Sec. 5, Alg. 3; seed 004, "Recall:
+Black-box setting").
+
+The provider's training code cuts the secret's bit stream into chunks of k = ⌊log2 n⌋ bits
+(n classes, `bits_per_label`), generates one synthetic input per chunk by a deterministic
+function of (key, index) — `synthetic_inputs` — labels it with the class whose index is
+the chunk (MSB first; the stream is padded with zeros to a whole number of chunks), and
+trains on X ∪ synthetic. The holder sees a model of normal test accuracy. The provider, with
+label access only, regenerates the same inputs from the key, queries their labels (one
+counted query per input, ⌈bits / k⌉ in all), and concatenates the labels' bits. Classes
+2^k..n-1 are never used as labels; an answer there is an error and is read as
+label mod 2^k.
+
+Generators (`generator`):
+
+- ``"noise"`` (default): every value drawn uniformly from [0, 1) by a PRNG seeded with
+  (key, index) — Song et al.'s "pseudorandom" inputs (Sec. 5.2);
+- ``"pixel"``: the seed's "images with one non-zero pixel": input i has the pixel
+  π(i mod P) set to 1 (π a key-seeded permutation of the P values); once every position is
+  used (i ≥ P), a second pixel π((i mod P + r) mod P), r = ⌊i / P⌋, marks the round, as
+  Song et al.'s own generator marks the chunk with a second non-zero pixel. At most
+  P(1 + ⌊(P-1)/2⌋) distinct inputs.
+
+Capacity: at most ⌊ratio · train_rows⌋ synthetic rows (copies included), so
+⌊⌊ratio · train_rows⌋ / copies⌋ · k bits. `copies` repeats every synthetic row in the
+training data: the holder's recipe (epochs, optimiser) is the holder's, so where the model
+needs more passes over the synthetic rows the training code repeats them in the data.
+Under DP-SGD the synthetic rows are ordinary training rows and DP applies to them as is.
+
+Measured (mnist5k, the job's split: 3,500 training rows, 1,000 test rows; the victim MLP
+784-512-256-10, Adam 2e-3, 20 epochs, batch 64; seed 0; `/work/bench18/capacity_grid.py`):
+see `CapacityAbuse`'s docstring.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from privacylab.attacks.core import ThreatModel
+from privacylab.attacks.memorization.base import (
+    Decoded,
+    MaliciousTraining,
+    MemorizationAttack,
+    MemorizationError,
+    MemorizationTask,
+    Secret,
+    number_option,
+    register_memorization,
+    whole_option,
+)
+from privacylab.data import Dataset
+from privacylab.stats.memorization import bits_per_label, from_bits, to_bits
+from privacylab.target import Access, QueryBudgetError, Target
+
+__all__ = ["GENERATORS", "CapacityAbuse", "label_chunks", "synthetic_inputs", "synthetic_limit"]
+
+GENERATORS = ("noise", "pixel")
+"""Deterministic generators of synthetic inputs (see the module docstring)."""
+
+_SALT = 0x5C0DE18
+_QUERY_BLOCK = 1024
+
+
+def _key(key: object) -> int:
+    return whole_option("capacity", "key", key, low=0)
+
+
+def synthetic_limit(input_shape: tuple[int, ...], generator: str = "noise") -> int | None:
+    """The most distinct inputs `generator` makes for `input_shape` (None: unbounded)."""
+    if generator not in GENERATORS:
+        raise MemorizationError(
+            f"capacity: unknown generator {generator!r}; choose one of {', '.join(GENERATORS)}"
+        )
+    if generator == "noise":
+        return None
+    size = int(np.prod(input_shape))
+    return size * (1 + (size - 1) // 2)
+
+
+def synthetic_inputs(
+    key: int, count: int, input_shape: tuple[int, ...], generator: str = "noise"
+) -> Tensor:
+    """The first `count` synthetic inputs of `generator` for `key` (float32, shape
+    (count, *input_shape), values in [0, 1]): input i is a function of (key, i) alone, so a
+    longer run extends a shorter one and the decoder regenerates what the training code
+    trained on (Song et al. 2017, Sec. 5.2)."""
+    seed = _key(key)
+    n = whole_option("capacity", "count", count, low=0)
+    shape = tuple(int(s) for s in input_shape)
+    if not shape or any(s < 1 for s in shape):
+        raise MemorizationError(f"capacity: input shape must be positive, got {shape}")
+    limit = synthetic_limit(shape, generator)
+    if limit is not None and n > limit:
+        raise MemorizationError(
+            f"capacity: the {generator} generator makes at most {limit} distinct inputs of "
+            f"shape {shape}, {n} asked"
+        )
+    size = int(np.prod(shape))
+    out = np.zeros((n, size), dtype=np.float32)
+    if generator == "noise":
+        for i in range(n):
+            out[i] = np.random.default_rng([_SALT, seed, i]).random(size, dtype=np.float32)
+    elif n:
+        order = np.random.default_rng([_SALT, seed]).permutation(size)
+        index = np.arange(n)
+        slot, rounds = index % size, index // size
+        out[index, order[slot]] = 1.0
+        later = rounds > 0
+        out[index[later], order[(slot[later] + rounds[later]) % size]] = 1.0
+    return torch.from_numpy(out.reshape(n, *shape))
+
+
+def label_chunks(bits: np.ndarray, num_classes: int) -> np.ndarray:
+    """The labels carrying the bit stream `bits`: ⌊log2 n⌋ bits per label, MSB first, the
+    stream padded with zeros to a whole number of labels (Song et al. 2017, Sec. 5.2)."""
+    k = _bits(num_classes)
+    stream = np.asarray(bits, dtype=np.uint8).ravel()
+    padded = np.zeros(math.ceil(stream.size / k) * k, dtype=np.uint8)
+    padded[: stream.size] = stream
+    return from_bits(padded, k).astype(np.int64)
+
+
+def _bits(num_classes: int) -> int:
+    if int(num_classes) < 2:
+        raise MemorizationError(f"capacity: a label carries no bits with {num_classes} class(es)")
+    return bits_per_label(int(num_classes))
+
+
+@register_memorization
+class CapacityAbuse(MemorizationAttack):
+    """Capacity-abuse encoding and its label-only decoder (Song et al. 2017, Sec. 5).
+
+    Options: `generator` (``"noise"`` or ``"pixel"``, see the module docstring); `ratio`,
+    the most synthetic rows per real training row (the capacity); `copies`, how many times
+    each synthetic row appears in the training data.
+
+    Decoding past a query budget is partial: the decoder queries in blocks, halves a block
+    the target refuses (a refused call costs nothing) and stops when even one input is
+    refused; the unanswered chunks decode as zeros, so the items answered in full are
+    recovered and the rest come back black.
+
+    Defaults measured: see `/work/bench18/capacity_grid.py` (numbers filled in below)."""
+
+    name = "capacity"
+    threat_model: ClassVar[ThreatModel] = ThreatModel(Access.LABEL, ())
+    private_ok: ClassVar[bool] = True
+    default_items: ClassVar[int] = 4
+    """Images the job hides by default."""
+    default_value_bits: ClassVar[int] = 4
+    """Bits per pixel of the job's default secret."""
+
+    def __init__(self, *, generator: str = "noise", ratio: float = 2.0, copies: int = 1) -> None:
+        synthetic_limit((1,), generator)
+        self.generator = generator
+        self.ratio = number_option("capacity", "ratio", ratio)
+        self.copies = whole_option("capacity", "copies", copies)
+
+    def capacity(self, model: nn.Module, num_classes: int, train_rows: int) -> int:
+        """⌊⌊ratio · train_rows⌋ / copies⌋ · ⌊log2 n⌋ bits (0 with fewer than 2 classes)."""
+        if int(num_classes) < 2:
+            return 0
+        inputs = math.floor(self.ratio * int(train_rows)) // self.copies
+        return inputs * bits_per_label(int(num_classes))
+
+    def encode(
+        self,
+        secret: Secret,
+        model: nn.Module,
+        data: Dataset,
+        *,
+        key: int = 0,
+        private: bool = False,
+    ) -> MaliciousTraining:
+        """X ∪ the synthetic rows labelled with the secret's bits, each `copies` times (Song
+        et al. 2017, Alg. 3); `private` changes nothing (the rows are ordinary rows)."""
+        if data.kind == "text":
+            raise MemorizationError("capacity: text inputs are not supported (images, tabular)")
+        self.check_capacity(secret.layout, model, data.num_classes, len(data))
+        labels = label_chunks(secret.bits(), data.num_classes)
+        inputs = synthetic_inputs(key, len(labels), data.input_shape, self.generator)
+        x = inputs.repeat_interleave(self.copies, dim=0)
+        y = torch.from_numpy(labels).repeat_interleave(self.copies)
+        merged = replace(
+            data,
+            name=f"{data.name}+capacity",
+            features=torch.cat([data.features, x.to(data.features.dtype)]),
+            labels=torch.cat([data.labels, y]),
+            train_size=None,
+        )
+        return MaliciousTraining(model=model, data=merged, extra_rows=len(y))
+
+    def run(self, target: Target, task: MemorizationTask) -> Decoded:
+        """Regenerate the synthetic inputs from `task.key`, query their labels (⌈bits / k⌉
+        label queries; partial past a budget, see the class docstring) and read the secret
+        from the labels' bits."""
+        k = _bits(task.num_classes)
+        total = task.layout.total_bits
+        count = math.ceil(total / k)
+        inputs = synthetic_inputs(task.key, count, task.input_shape, self.generator)
+        answers = _labels_within_budget(target, inputs)
+        labels = np.zeros(count, dtype=np.uint64)
+        labels[: len(answers)] = answers.astype(np.uint64) % np.uint64(1 << k)
+        stream = to_bits(labels, k)[:total]
+        return Decoded(values=task.layout.bits_to_values(stream), bits=stream)
+
+
+def _labels_within_budget(target: Target, inputs: Tensor) -> np.ndarray:
+    """Labels of `inputs` in order, as many as the target's budget answers."""
+    answers: list[np.ndarray] = []
+    done, block = 0, _QUERY_BLOCK
+    while done < len(inputs):
+        size = min(block, len(inputs) - done)
+        try:
+            labels = target.labels(inputs[done : done + size])
+        except QueryBudgetError:
+            if size == 1:
+                break
+            block = size // 2
+            continue
+        answers.append(labels.cpu().numpy().astype(np.int64))
+        done += size
+    return np.concatenate(answers) if answers else np.zeros(0, dtype=np.int64)
