@@ -3,8 +3,8 @@ on our data: every registered memorization attack at two or three strengths on m
 the numbers the paper reports, with the honest model as the named peer.
 
 Setting (the job's default, `privacylab attack memorization`): mnist5k split by one seeded
-permutation into 1,000 test rows, the holder's 3,500 training rows X and 500 held-out rows
-(clean rows the query checks of `memorization_checks.py` calibrate on); the victim recipe
+permutation into 1,000 test rows, the holder's 3,500 training rows X and the next 300 rows held out
+(the job's 300 held-out clean rows, where the query detector's threshold is set); the victim recipe
 (`VictimRecipe()`: the 784-512-256-10 ReLU MLP, 535,818 parameters, Adam 2e-3, 20 epochs,
 batch 64); the secret = the first `items` rows of a seeded permutation of X (seed = the run's
 seed), pixels quantised to `value_bits` bits. For each (method, setting) one model is trained
@@ -59,7 +59,7 @@ from privacylab.attacks.poisoning.recipe import VictimRecipe
 from privacylab.data import Dataset, load_dataset
 from privacylab.target import Target
 
-TEST, TRAIN = 1000, 3500
+TEST, TRAIN, HOLDOUT = 1000, 3500, 300
 DEFAULT_STORE = "/work/bench18/h6"
 
 
@@ -89,7 +89,7 @@ def split(seed: int, train_size: int = TRAIN, test_size: int = TEST) -> Split:
     return Split(
         data.subset(order[test_size:cut]),
         data.subset(order[:test_size]),
-        data.subset(order[cut:]),
+        data.subset(order[cut : cut + HOLDOUT]),
         seed,
     )
 
@@ -392,12 +392,12 @@ def _mean(values: list[Any]) -> float | None:
 
 
 def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows of one (method, setting) over seeds: means (and the seed count)."""
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    """Rows of one (method, setting, ε) over seeds: means (and the seed count)."""
+    groups: dict[tuple[str, str, Any], list[dict[str, Any]]] = {}
     for row in rows:
-        groups.setdefault((row["method"], row["label"]), []).append(row)
+        groups.setdefault((row["method"], row["label"], row.get("epsilon")), []).append(row)
     out = []
-    for (method, label), members in groups.items():
+    for (method, label, _), members in groups.items():
         res = [m["result"] for m in members]
         peer = [m["honest_decode"] for m in members]
         out.append(
