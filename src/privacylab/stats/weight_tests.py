@@ -22,6 +22,7 @@ from privacylab.stats._checks import StatisticsError
 __all__ = [
     "block_correlations",
     "bonferroni_log10",
+    "chi2_logsf",
     "chi_square_uniform",
     "low_mantissa_bits",
     "positive_share_test",
@@ -58,7 +59,26 @@ def chi_square_uniform(counts: object) -> tuple[float, float]:
         raise StatisticsError("a chi-square test needs >= 2 non-negative counts, not all zero")
     expected = c.sum() / c.size
     statistic = float(((c - expected) ** 2).sum() / expected)
-    return statistic, float(stats.chi2.logsf(statistic, c.size - 1))
+    return statistic, chi2_logsf(statistic, c.size - 1)
+
+
+def chi2_logsf(statistic: float, df: int) -> float:
+    """log P(χ²_df >= statistic); where scipy's value underflows (p < 1e-308), an asymptotic
+    form so that extreme statistics keep their order and the result stays finite: for
+    x = X²/2 > 4a (a = df/2) the expansion of the upper incomplete gamma function,
+    log Γ(a, x) ≈ (a - 1) log x - x + log(1 + (a-1)/x + (a-1)(a-2)/x²) (Abramowitz & Stegun
+    6.5.32), less log Γ(a); below it the Wilson-Hilferty approximation ((X²/df)^(1/3) ≈ normal
+    with mean 1 - 2/(9 df) and variance 2/(9 df); Wilson & Hilferty 1931)."""
+    exact = float(stats.chi2.logsf(statistic, df))
+    if math.isfinite(exact):
+        return exact
+    a, x = df / 2.0, statistic / 2.0
+    if x > 4.0 * a:
+        series = 1.0 + (a - 1.0) / x + (a - 1.0) * (a - 2.0) / (x * x)
+        return (a - 1.0) * math.log(x) - x + math.log(series) - math.lgamma(a)
+    spread = 2.0 / (9.0 * df)
+    z = ((statistic / df) ** (1.0 / 3.0) - (1.0 - spread)) / math.sqrt(spread)
+    return float(stats.norm.logsf(z))
 
 
 def windows(size: int, window: int) -> list[tuple[int, int]]:
