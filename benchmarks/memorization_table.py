@@ -637,7 +637,8 @@ def main(argv: list[str] | None = None) -> int:
         print(ours_table(means))
         print()
         print(
-            "Song et al. 2017 beside ours (their code's defaults, a summary's figures, closed forms):"
+            "Song et al. 2017 beside ours "
+            "(their code's defaults, a summary's figures, closed forms):"
         )
         print(song_table(means))
     return 0
