@@ -60,6 +60,7 @@ __all__ = [
     "MemorizationJobError",
     "Prepared",
     "check_memorization_config",
+    "method_defaults",
     "run_memorization_job",
     "secret_rows",
     "split_rows",
@@ -280,11 +281,21 @@ def _known_keywords(cls: Any, options: Mapping[str, Any], what: str) -> None:
         raise MemorizationJobError(f"{what} takes no option {', '.join(unknown)}; it takes {takes}")
 
 
+def method_defaults(method: str) -> tuple[int, int]:
+    """(items, pixel bits) of `method`'s default secret: the attack class's own
+    `default_items` / `default_value_bits` where it declares them, else `DEFAULTS`."""
+    from privacylab.attacks.memorization import memorization_class
+
+    items, bits = DEFAULTS.get(method, FALLBACK_DEFAULT)
+    cls = memorization_class(method)
+    return int(getattr(cls, "default_items", items)), int(getattr(cls, "default_value_bits", bits))
+
+
 def _layout(config: MemorizationConfig, data: Dataset) -> Any:
     from privacylab.attacks.memorization import SecretLayout
 
+    items, default_bits = method_defaults(config.method)
     if data.kind == "image":
-        items, default_bits = DEFAULTS.get(config.method, FALLBACK_DEFAULT)
         value_bits = config.pixel_bits if config.pixel_bits is not None else default_bits
         kind = "image"
     elif data.kind == "tabular":
@@ -293,7 +304,7 @@ def _layout(config: MemorizationConfig, data: Dataset) -> Any:
                 f"--pixel-bits applies to images; {config.dataset} rows are kept as float32 "
                 "values (32 bits)"
             )
-        items, value_bits, kind = DEFAULTS.get(config.method, FALLBACK_DEFAULT)[0], 32, "tabular"
+        value_bits, kind = 32, "tabular"
     else:
         raise MemorizationJobError(
             f"memorization hides images or tabular rows; {config.dataset} holds {data.kind} "
@@ -323,7 +334,6 @@ def check_memorization_config(config: MemorizationConfig) -> Prepared:
     data = load_dataset(config.dataset)
     parts = split_rows(len(data), config)
     layout = _layout(config, data)
-    secret_rows(config.train_size, layout.items, config.seed)
     options = dict(config.attack_options or {})
     _known_keywords(memorization_class(config.method), options, config.method)
     try:
@@ -339,6 +349,7 @@ def check_memorization_config(config: MemorizationConfig) -> Prepared:
         attack.check_capacity(layout, model, data.num_classes, config.train_size)
     except MemorizationError as error:
         raise MemorizationJobError(str(error)) from None
+    secret_rows(config.train_size, layout.items, config.seed)
     return Prepared(data, parts, attack, layout, recipe)
 
 
@@ -554,12 +565,14 @@ def _query_check(
     secret: Any,
     train: Dataset,
     holdout: Dataset,
+    test: Dataset,
     clean: float,
     honest: float,
 ) -> dict[str, Any] | None:
     """Capacity abuse only: the query anomaly detector fitted on the holder's training inputs
-    (threshold on the held-out rows) scores every query of the decoder; then the decoder runs
-    again through the detector's blocking monitor. None where the detector is not installed or
+    (threshold at its FPR on the held-out rows) flags the decoder's queries, and the test rows
+    (clean rows it never saw: its false-positive rate); then the decoder runs again through
+    the detector's blocking monitor. None where the detector is not installed or
     no rows are held out."""
     try:
         from privacylab.defenses.memorization import QueryAnomalyDetector
@@ -567,10 +580,7 @@ def _query_check(
         return None
     if len(holdout) < 2:
         return None
-    detector = QueryAnomalyDetector()
-    fit = detector.fit(train.features, holdout.features)
-    if fit is not None and fit is not detector and hasattr(fit, "score"):
-        detector = fit
+    detector = QueryAnomalyDetector().fit(train.features, holdout.features)
     seen: list[torch.Tensor] = []
 
     def record(x: torch.Tensor) -> None:
@@ -578,8 +588,8 @@ def _query_check(
 
     _decode(prepared, config, released, secret, train, clean, honest, monitor=record)
     queries = torch.cat(seen) if seen else torch.zeros(0, *prepared.data.input_shape)
-    scores = np.asarray(detector.score(queries)) if len(queries) else np.zeros(0)
-    held = np.asarray(detector.score(holdout.features))
+    flags = np.asarray(detector.flags(queries)) if len(queries) else np.zeros(0, bool)
+    clean_flags = np.asarray(detector.flags(test.features))
     threshold = float(detector.threshold)
     blocked: dict[str, Any] = {"refused": False}
     try:
@@ -593,8 +603,8 @@ def _query_check(
     return {
         "threshold": threshold,
         "queries": len(queries),
-        "flagged_queries": float(np.mean(scores > threshold)) if len(scores) else None,
-        "holdout_fpr": float(np.mean(held > threshold)) if len(held) else None,
+        "flagged_queries": float(np.mean(flags)) if len(flags) else None,
+        "test_fpr": float(np.mean(clean_flags)),
         "monitored": blocked,
     }
 
@@ -691,7 +701,9 @@ def run_memorization_job(
         requantized, again = _requantized(prepared, config, released, secret, train, test, honest)
     detector = None
     if prepared.attack.threat_model.access.value == "label":
-        detector = _query_check(prepared, config, released, secret, train, holdout, clean, honest)
+        detector = _query_check(
+            prepared, config, released, secret, train, holdout, test, clean, honest
+        )
     _tick(progress, "checks", 1, 1)
     result = {
         **outcome.to_dict(),
