@@ -70,9 +70,6 @@ from privacylab.attacks.memorization import base as mem
 from privacylab.attacks.poisoning.recipe import VictimRecipe
 
 METHODS = ("lsb", "correlation", "sign", "capacity")
-DEFAULT_SECRET = {"lsb": (100, 8), "correlation": (50, 8), "sign": (40, 4), "capacity": (4, 4)}
-"""(items, pixel bits) of each method's default secret: the job's defaults
-(`privacylab.memorize.DEFAULTS`)."""
 
 
 def seeds_arg(text: str) -> list[int]:
@@ -169,7 +166,9 @@ def _split(seed: int, quick: bool) -> Split:
 
 
 def _default_setting(method: str, quick: bool) -> Setting:
-    items, bits = DEFAULT_SECRET[method]
+    from privacylab.memorize import method_defaults
+
+    items, bits = method_defaults(method)
     if quick:
         items, bits = {"lsb": (20, 8), "correlation": (5, 8), "sign": (5, 4)}.get(method, (2, 1))
     return Setting(method, {}, items, bits, "default")

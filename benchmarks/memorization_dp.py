@@ -43,6 +43,7 @@ from memorization_table import (
     default_option,
     fmt,
     measure,
+    method_defaults,
     split,
 )
 from privacylab.attacks.poisoning.recipe import VictimRecipe
@@ -61,13 +62,15 @@ def dp_settings(quick: bool) -> list[Setting]:
             Setting("capacity", {}, 2, 1, "1-bit x2"),
         ]
     out = []
-    for method, items, bits in (("correlation", 50, 8), ("sign", 40, 4)):
+    for method in ("correlation", "sign"):
+        items, bits = method_defaults(method)
         strength = float(default_option(method, "strength"))
         for m in (1.0, 3.0):
             out.append(
                 Setting(method, {"strength": strength * m}, items, bits, f"λ={strength * m:g}")
             )
-    out.append(Setting("capacity", {}, 4, 4, "4-bit x4"))
+    items, bits = method_defaults("capacity")
+    out.append(Setting("capacity", {}, items, bits, f"{bits}-bit x{items}"))
     return out
 
 

@@ -280,6 +280,13 @@ def fmt(value: Any, spec: str = ".3f") -> str:
     return format(value, spec)
 
 
+def method_defaults(method: str) -> tuple[int, int]:
+    """(items, pixel bits) of the job's default secret for `method`."""
+    from privacylab.memorize import method_defaults as job_defaults
+
+    return job_defaults(method)
+
+
 def default_option(method: str, name: str) -> Any:
     """The constructor default of option `name` of attack `method`."""
     return getattr(mem.make_memorization(method), name)
@@ -321,7 +328,7 @@ def settings(method: str, quick: bool = False) -> list[Setting]:
     if method in ("correlation", "sign"):
         strength = float(default_option(method, "strength"))
         scale = [1.0] if quick else [0.3, 1.0, 3.0]
-        items, bits = (50, 8) if method == "correlation" else (40, 4)
+        items, bits = method_defaults(method)
         if quick:
             items = 5
         return [
