@@ -41,7 +41,10 @@ def test_json_keys(run) -> None:
     assert payload["bits_encoded"] == 4096 and payload["queries"] == 0
     assert payload["epsilon"] is None and payload["delta"] is None
     assert json.loads((out / "result.json").read_text()) == payload
-    assert (out / "index.html").is_file() and (out / "results.json").is_file()
+    html = (out / "index.html").read_text()
+    pictures = list(out.glob("memorization-*-pairs.png"))
+    assert '<section id="memorization">' in html and len(pictures) == 1
+    assert f'<img src="{pictures[0].name}"' in html
 
 
 def test_rerun_reuses_the_models(run) -> None:
