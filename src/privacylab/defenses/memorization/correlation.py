@@ -40,10 +40,19 @@ class CorrelationCheck(WeightCheck):
     rows (d = one row's size), as -log10 of its Bonferroni-corrected Fisher-z p-value.
     `max_rows` (None: all) scans a seeded sample of the rows.
 
-    Threshold: CALIBRATION."""
+    Threshold 63, calibrated on honest models of the victim recipe (784-512-256-10 ReLU MLP, 20
+    epochs of Adam) on mnist5k's 3,500 training rows, seeds 100..119 (command below): statistics
+    32.1, 32.1, 32.7, 32.9, 33.8, 36.9, 37.8, 38.1, 38.6, 39.1, 39.1, 39.2, 40.1, 40.4, 41.6,
+    43.3, 43.5, 47.1, 49.7, 49.8; mean 39.4, sd 5.36, max 49.8. Rule: threshold = max(mean + 4
+    sd, 1.25 max) of the honest statistics, rounded up: the 4-sd margin keeps a normal tail
+    below 1e-4 and the 1.25 x max margin covers a heavier right tail than 20 seeds show (the
+    bare maximum of 20 seeds would leave a 1/21 chance per new seed).
+
+        OMP_NUM_THREADS=1 python benchmarks/memorization_calibrate.py --store /work/bench18/h4/calib
+    """
 
     name = "correlation"
-    default_threshold = 30.0
+    default_threshold = 63.0
     needs_data = True
 
     def __init__(

@@ -36,10 +36,19 @@ class LSBEntropyCheck(WeightCheck):
     """Chi-square uniformity of the low `bits` mantissa bits per `window` parameters;
     statistic -log10(min(1, m · p_min)) over the m windows.
 
-    Threshold: CALIBRATION."""
+    Threshold 188, calibrated on honest models of the victim recipe (784-512-256-10 ReLU MLP, 20
+    epochs of Adam) on mnist5k's 3,500 training rows, seeds 100..119 (command below): statistics
+    54.1, 54.4, 54.7, 57.5, 70.4, 72.0, 76.8, 77.8, 79.7, 81.5, 84.9, 85.7, 87.9, 89.8, 90.2,
+    92.1, 123.6, 123.6, 132.6, 137.6; mean 86.3, sd 25.33, max 137.6. Rule: threshold = max(mean
+    + 4 sd, 1.25 max) of the honest statistics, rounded up: the 4-sd margin keeps a normal tail
+    below 1e-4 and the 1.25 x max margin covers a heavier right tail than 20 seeds show (the
+    bare maximum of 20 seeds would leave a 1/21 chance per new seed).
+
+        OMP_NUM_THREADS=1 python benchmarks/memorization_calibrate.py --store /work/bench18/h4/calib
+    """
 
     name = "lsb-entropy"
-    default_threshold = 10.0
+    default_threshold = 188.0
 
     def __init__(
         self, *, window: int = 4096, bits: int = 8, threshold: float | None = None

@@ -41,10 +41,19 @@ class SignPatternCheck(WeightCheck):
     """Runs test and positive-share test of the signs per `window` parameters; statistic
     -log10(min(1, 2m · p_min)).
 
-    Threshold: CALIBRATION."""
+    Threshold 143, calibrated on honest models of the victim recipe (784-512-256-10 ReLU MLP, 20
+    epochs of Adam) on mnist5k's 3,500 training rows, seeds 100..119 (command below): statistics
+    92.2, 96.7, 101.0, 101.2, 102.2, 102.4, 102.6, 104.7, 104.9, 105.0, 105.0, 105.7, 105.9,
+    106.4, 106.4, 107.5, 107.6, 107.7, 112.3, 114.2; mean 104.6, sd 4.83, max 114.2. Rule:
+    threshold = max(mean + 4 sd, 1.25 max) of the honest statistics, rounded up: the 4-sd margin
+    keeps a normal tail below 1e-4 and the 1.25 x max margin covers a heavier right tail than 20
+    seeds show (the bare maximum of 20 seeds would leave a 1/21 chance per new seed).
+
+        OMP_NUM_THREADS=1 python benchmarks/memorization_calibrate.py --store /work/bench18/h4/calib
+    """
 
     name = "sign-pattern"
-    default_threshold = 10.0
+    default_threshold = 143.0
 
     def __init__(
         self, *, window: int = 4096, row_width: int = 28, threshold: float | None = None
