@@ -70,6 +70,7 @@ from privacylab.attacks.memorization import base as mem
 from privacylab.attacks.poisoning.recipe import VictimRecipe
 
 METHODS = ("lsb", "correlation", "sign", "capacity")
+VERSION = "unset"
 
 
 def seeds_arg(text: str) -> list[int]:
@@ -87,6 +88,23 @@ def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
     return float(stats.beta.ppf(level, k + 1, n - k))
 
 
+def defense_version() -> str:
+    """A digest of the checks' source (defenses/memorization, stats/weight_tests): cached
+    verdicts are kept per version, so a changed statistic or threshold is measured afresh."""
+    import hashlib
+
+    import privacylab
+
+    root = Path(privacylab.__file__).resolve().parent
+    files = sorted((root / "defenses" / "memorization").glob("*.py"))
+    files.append(root / "stats" / "weight_tests.py")
+    digest = hashlib.sha256()
+    for path in files:
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
 def _checks(model: torch.nn.Module, rows: Split) -> dict[str, dict[str, Any]]:
     from privacylab.defenses.memorization import run_weight_checks
 
@@ -101,12 +119,12 @@ def false_positives(store: Store, seeds: list[int], recipe: VictimRecipe, quick:
     per_seed = []
     for seed in seeds:
         key = f"s{seed}"
-        row = store.result("checks-honest", key)
+        row = store.result(f"checks-honest-{VERSION}", key)
         if row is None:
             rows = _split(seed, quick)
             model, _ = honest(store, rows, recipe)
             row = store.put(
-                "checks-honest",
+                f"checks-honest-{VERSION}",
                 key,
                 {
                     "seed": seed,
@@ -202,11 +220,11 @@ def detection(store: Store, encoded_seeds: list[int], recipe: VictimRecipe, quic
     for setting, seed in encoded_cases(encoded_seeds, quick):
         tag = option_tag({**setting.options, "items": setting.items, "vb": setting.value_bits})
         key = f"{setting.method}-{setting.label}-{tag}-s{seed}".replace("=", "").replace(" ", "")
-        row = store.result("checks-encoded", key)
+        row = store.result(f"checks-encoded-{VERSION}", key)
         if row is None:
             model, rows, _, _, setting = _encoded(store, setting, seed, recipe, quick)
             row = store.put(
-                "checks-encoded",
+                f"checks-encoded-{VERSION}",
                 key,
                 {
                     "method": setting.method,
@@ -297,7 +315,7 @@ def sanitize(store: Store, recipe: VictimRecipe, quick: bool) -> dict:
         for label, fn in sanitizers():
             tag = option_tag({**setting.options, "items": setting.items, "vb": setting.value_bits})
             key = f"{setting.method}-{tag}-{label.replace(' ', '')}-s{seed}"
-            row = store.result("checks-sanitize", key)
+            row = store.result(f"checks-sanitize-{VERSION}", key)
             if row is None:
                 before = decode(
                     attack,
@@ -319,7 +337,7 @@ def sanitize(store: Store, recipe: VictimRecipe, quick: bool) -> dict:
                 )
                 honest_after = accuracy(fn(honest_model), rows.test)
                 row = store.put(
-                    "checks-sanitize",
+                    f"checks-sanitize-{VERSION}",
                     key,
                     {
                         "method": setting.method,
@@ -371,7 +389,7 @@ def queries(store: Store, recipe: VictimRecipe, quick: bool) -> dict:
     from privacylab.stats.memorization import bits_per_label
 
     setting = _default_setting("capacity", quick)
-    stored = store.result("checks-queries", "capacity-default-s0")
+    stored = store.result(f"checks-queries-{VERSION}", "capacity-default-s0")
     if stored is not None:
         return stored
     model, rows, secret, attack, setting = _encoded(store, setting, 0, recipe, quick)
@@ -429,7 +447,7 @@ def queries(store: Store, recipe: VictimRecipe, quick: bool) -> dict:
         "filter_drops_real": float(1 - np.mean(real_mask)),
     }
     log(f"queries: {result}")
-    return store.put("checks-queries", "capacity-default-s0", result)
+    return store.put(f"checks-queries-{VERSION}", "capacity-default-s0", result)
 
 
 def queries_table(part: dict) -> str:
@@ -470,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    global VERSION
+    VERSION = defense_version()
     command = "$ python benchmarks/memorization_checks.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
@@ -478,7 +498,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         recipe = VictimRecipe(epochs=2, model_options={"widths": [64], "activation": "relu"})
         store = Store(Path(args.store) / "quick")
-    result: dict[str, Any] = {"benchmark": "memorization_checks", "recipe": recipe.to_dict()}
+    result: dict[str, Any] = {
+        "benchmark": "memorization_checks",
+        "recipe": recipe.to_dict(),
+        "defense_version": VERSION,
+    }
     printers = {
         "fpr": ("False positives on honest models", fpr_table),
         "detect": ("Detection on encoded models (rate (mean statistic))", detection_table),

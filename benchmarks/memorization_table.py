@@ -171,6 +171,7 @@ class Store:
                 "wall_seconds": time.perf_counter() - wall,
                 "threads": torch.get_num_threads(),
                 "epsilon_spent": (summary.get("privacy") or {}).get("epsilon"),
+                "attack_digest": summary.get("attack_digest"),
                 "recipe": recipe.to_dict(),
             }
             save_model(model, folder, recipe.spec(data), meta)
@@ -208,6 +209,27 @@ def honest(
     )
 
 
+def attack_digest(method: str) -> str:
+    """A digest of the source `method`'s encoding and decoding run (its module, the shared
+    penalty machinery, the base, the trainer glue): a stored decode of older code is redone,
+    and a model trained by older code is marked stale."""
+    import hashlib
+    import inspect
+
+    cls = mem.memorization_class(method)
+    folder = Path(inspect.getfile(cls)).parent
+    digest = hashlib.sha256()
+    for path in sorted(
+        {
+            Path(inspect.getfile(cls)),
+            *(folder / n for n in ("base.py", "training.py", "_penalty.py")),
+        }
+    ):
+        if path.is_file():
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:10]
+
+
 def option_tag(options: dict[str, Any]) -> str:
     """A file-name-safe tag of attack options and secret settings."""
     parts = [f"{k}{v:g}" if isinstance(v, float) else f"{k}{v}" for k, v in sorted(options.items())]
@@ -224,6 +246,7 @@ def encoded(
 ) -> tuple[nn.Module, dict[str, Any], mem.MemorizationAttack]:
     """The model released by `method`'s malicious training hiding `secret` (cached)."""
     attack = mem.make_memorization(method, **options)
+    digest = attack_digest(method)
     layout = secret.layout
     tag = option_tag({**options, "items": layout.items, "vb": layout.value_bits})
     key = f"{method}-{tag}-eps{_eps_tag(recipe.epsilon)}-s{rows.seed}"
@@ -231,11 +254,30 @@ def encoded(
         key,
         rows.train,
         recipe,
-        lambda ckpt: train_encoded(
-            attack, secret, recipe, rows.train, seed=rows.seed, key=rows.seed, checkpoint_dir=ckpt
+        lambda ckpt: _with_digest(
+            digest,
+            train_encoded(
+                attack,
+                secret,
+                recipe,
+                rows.train,
+                seed=rows.seed,
+                key=rows.seed,
+                checkpoint_dir=ckpt,
+            ),
         ),
     )
+    meta["stale"] = None if meta.get("attack_digest") is None else meta["attack_digest"] != digest
+    if meta["stale"]:
+        log(f"{key}: trained by older {method} code ({meta.get('attack_digest')} != {digest})")
     return model, meta, attack
+
+
+def _with_digest(
+    digest: str, trained: tuple[nn.Module, dict[str, Any]]
+) -> tuple[nn.Module, dict[str, Any]]:
+    model, summary = trained
+    return model, {**summary, "attack_digest": digest}
 
 
 def decode(
@@ -356,7 +398,7 @@ def measure(
     tag = option_tag({**setting.options, "items": setting.items, "vb": setting.value_bits})
     key = f"{setting.method}-{tag}-eps{_eps_tag(recipe.epsilon)}-s{rows.seed}"
     stored = store.result(group, key)
-    if stored is not None:
+    if stored is not None and stored.get("attack_digest") == attack_digest(setting.method):
         return stored
     honest_model, honest_meta = honest(store, rows, recipe)
     honest_acc = accuracy(honest_model, rows.test)
@@ -385,6 +427,8 @@ def measure(
         "cpu_seconds": meta["cpu_seconds"],
         "honest_cpu_seconds": honest_meta["cpu_seconds"],
         "time_ratio": meta["cpu_seconds"] / max(honest_meta["cpu_seconds"], 1e-9),
+        "attack_digest": attack_digest(setting.method),
+        "stale_model": meta["stale"],
     }
     log(
         f"{key}: acc {honest_acc:.3f} -> {acc:.3f}, recovered {ours.recovered}/{ours.items}, "
