@@ -52,7 +52,7 @@ class SignEncoding(MemorizationAttack):
     threat_model: ClassVar[ThreatModel] = ThreatModel(Access.WHITEBOX, ())
     private_ok: ClassVar[bool] = True
 
-    def __init__(self, *, strength: float = 10.0, offset: int = 0) -> None:
+    def __init__(self, *, strength: float = 100.0, offset: int = 0) -> None:
         self.strength = number_option(self.name, "strength", strength)
         self.offset = whole_option(self.name, "offset", offset, low=0)
 
