@@ -187,6 +187,10 @@ def test_lsb_bits_read_by_hand_are_the_secret(games) -> None:
     stream = _stream(low, 16)[: values.size * 8]
     assert np.array_equal(stream, _stream(values, 8))
     assert result["bit_accuracy"] == 1.0 and result["recovered"] == result["items"]
+    honest, _, _ = load_model(folder / "honest")
+    weights = torch.cat([p.detach().reshape(-1) for p in honest.parameters()]).numpy()
+    high = _weights(folder).view(np.uint32) >> 16
+    assert np.array_equal(high, weights.view(np.uint32) >> 16)
     assert result["bits_per_parameter"] == pytest.approx(values.size * 8 / low.size)
     assert abs(result["clean_accuracy"] - result["honest_accuracy"]) <= 0.01
     again = result["requantized"]

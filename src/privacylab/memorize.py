@@ -609,6 +609,47 @@ def _query_check(
     }
 
 
+def _encoded(
+    prepared: Prepared,
+    config: MemorizationConfig,
+    secret: Any,
+    train: Dataset,
+    honest: nn.Module,
+    checkpoints: Path,
+) -> tuple[nn.Module, dict[str, Any]]:
+    """The released model of the attack's malicious training (`train_encoded`). A training
+    plan that is the honest one — the recipe's model itself on the holder's rows with no
+    hook, as LSB encoding's (Song et al. 2017, Sec. 4.1: it writes the weights after honest
+    training) — would train the honest model again to the same weights (same recipe,
+    initialisation and seed), so its `release` is applied to a copy of the honest model."""
+    from privacylab.attacks.memorization import train_encoded
+
+    recipe, attack = prepared.recipe, prepared.attack
+    if recipe.epsilon is None:
+        model = recipe.spec(train).build(seed=config.seed)
+        plan = attack.encode(secret, model, train, key=config.seed, private=False)
+        honest_plan = (
+            plan.model is model
+            and plan.data is train
+            and plan.regularizer is None
+            and plan.loss_fn is None
+            and not plan.extra_rows
+        )
+        if honest_plan:
+            model.load_state_dict(honest.state_dict())
+            return plan.release(model.to(config.device)).eval(), {"privacy": None}
+    return train_encoded(
+        attack,
+        secret,
+        recipe,
+        train,
+        seed=config.seed,
+        key=config.seed,
+        device=config.device,
+        checkpoint_dir=checkpoints,
+    )
+
+
 def _label(config: MemorizationConfig, layout: Any) -> str:
     parts = [config.method, f"{layout.items} × {layout.bits_per_item} bits"]
     parts.append("non-private" if config.epsilon is None else f"DP-SGD ε={config.epsilon:g}")
@@ -639,7 +680,7 @@ def run_memorization_job(
     rows, and what the decoder gets through the blocking monitor). All input checks run before
     any training; a killed run resumes from its checkpoints, finished models and a finished
     result are reused; a folder holding another game is refused."""
-    from privacylab.attacks.memorization import choose_secret, train_encoded, train_honest
+    from privacylab.attacks.memorization import choose_secret, train_honest
 
     prepared = check_memorization_config(config)
     folder = Path(out).resolve()
@@ -676,16 +717,7 @@ def run_memorization_job(
         MODEL_DIR,
         config,
         spec,
-        lambda where: train_encoded(
-            prepared.attack,
-            secret,
-            recipe,
-            train,
-            seed=config.seed,
-            key=config.seed,
-            device=config.device,
-            checkpoint_dir=where,
-        ),
+        lambda where: _encoded(prepared, config, secret, train, honest_model, where),
         recipe.epochs,
         progress,
     )
