@@ -363,7 +363,9 @@ class Setting:
 
 
 def settings(method: str, quick: bool = False) -> list[Setting]:
-    """The strengths / bit settings measured per method (the attacks' defaults among them)."""
+    """The strengths / bit settings measured per method (the attacks' defaults among them);
+    "fill" rows hide as many items as the model holds (every parameter carries the secret, as
+    in Song et al.'s runs)."""
     if method == "lsb":
         bits = [16] if quick else [8, 16, 20]
         return [Setting("lsb", {"bits": b}, 0 if not quick else 20, 8, f"b={b}") for b in bits]
@@ -373,10 +375,16 @@ def settings(method: str, quick: bool = False) -> list[Setting]:
         items, bits = method_defaults(method)
         if quick:
             items = 5
-        return [
+        rows = [
             Setting(method, {"strength": strength * m}, items, bits, f"λ={strength * m:g}")
             for m in scale
         ]
+        if not quick:
+            rows += [
+                Setting(method, {"strength": strength * m}, 0, bits, f"λ={strength * m:g} fill")
+                for m in (1.0, 3.0)
+            ]
+        return rows
     if method == "capacity":
         if quick:
             return [Setting("capacity", {}, 2, 1, "1-bit x2")]
@@ -541,21 +549,21 @@ SONG: list[dict[str, Any]] = [
         "source": "code",
         "row": "λc (test_model default --cr)",
         "theirs": 1.0,
-        "ours": ("λ=1", "strength"),
+        "ours": ("λ={d}", "strength"),
     },
     {
         "method": "correlation",
         "source": "code",
         "row": "share of parameters carrying pixels",
         "theirs": 455 * 1024 / SONG_PARAMETERS,
-        "ours": ("λ=1", "parameter_share"),
+        "ours": ("λ={d} fill", "parameter_share"),
     },
     {
         "method": "sign",
         "source": "code",
         "row": "share of parameters carrying bits",
         "theirs": 56 * 1024 * 8 / SONG_PARAMETERS,
-        "ours": ("λ=10", "parameter_share"),
+        "ours": ("λ={d} fill", "parameter_share"),
     },
     {
         "method": "capacity",
@@ -622,6 +630,8 @@ def song_table(ours: list[dict[str, Any]]) -> str:
     lines = [head, "-" * len(head)]
     for paper in SONG:
         label, field = paper["ours"]
+        if "{d}" in label:
+            label = label.replace("{d}", f"{float(default_option(paper['method'], 'strength')):g}")
         mine = [r for r in ours if r["method"] == paper["method"] and r["epsilon"] is None]
         match = next((r for r in mine if r["label"] == label), mine[0] if mine else None)
         value = _ours(match, field)
