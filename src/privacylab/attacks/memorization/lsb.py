@@ -22,6 +22,7 @@ b = 16 releases a model of the same 0.962. That secret fills only the first 78,4
 at b = 16 (first-layer weights, many on border pixels that are always 0). Every parameter filled
 with random bits (3 streams each; the worst case, all 535,818 parameters written): 0.962 for
 b = 8, 12, 16, 18; 0.961-0.963 at b = 20 and 21; 0.958-0.959 at b = 22; 0.960-0.961 at b = 23.
+Seed 1 (honest 0.951), every parameter filled: 0.951 for b <= 18, 0.949-0.953 for b = 20-23.
 (Throwaway scripts /work/bench18/lsb_bits.py and lsb_fill.py, run as
 `OMP_NUM_THREADS=2 python /work/bench18/lsb_bits.py 0`.)
 
