@@ -7,6 +7,14 @@ computes one `statistic` (larger: more anomalous) and flags the model when it ex
 `threshold`, a constant calibrated on honestly trained models of the victim recipe (each
 check's docstring gives the command and the numbers). The data holder runs it: it may use its
 own training rows (`data`), never the attacker's secret or layout beyond what the check states.
+
+Held-out check of the calibrated thresholds (not used to set them): on the 20 honest models of
+seeds 0..19 of benchmarks/memorization_checks.py's store (/work/bench18/h6/models; script
+/work/bench18/h4/validate.py) no check flags any model — largest statistics correlation 40.4
+(threshold 63), lsb-entropy 139.6 (188), sign-pattern 124.7 (143); a DP-SGD model (ε = 1)
+scores ≈ 0 on all three. Encoded models of seed 0 score lsb-entropy 1.5e5-1.8e5 (LSB, b = 8,
+16, 20) and correlation 1.3e4 (correlated value encoding, 50 images, λ = 0.3; its
+sign-pattern 533 flags too).
 """
 
 from __future__ import annotations

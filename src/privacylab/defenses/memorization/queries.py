@@ -18,6 +18,12 @@ refuses a batch holding a flagged query with one `QueryRefused` line; `filter_tr
 is the "during training" variant — the mask of rows of a training set to keep (rows that are
 the holder's own reference rows are scored without themselves).
 
+Measured on the default setting (mnist5k, seed 0: fitted on the 3,500 training rows, 700 of
+them held out for the threshold at fpr 0.01; script /work/bench18/h4/measure.py): 1.4 % of the
+1,000 test digits flagged; 100 % of 2,000 synthetic inputs of capacity abuse's "noise" and
+"pixel" generators (`attacks.memorization.capacity.synthetic_inputs`). The Euclidean
+distance flags 1.3 % of the test rows and all noise inputs but none of the one-pixel inputs.
+
 Evaded by: synthetic inputs drawn near the data (e.g. natural images from another source, or
 perturbed training rows), at the price of capacity (the attacker's labels then fight the
 data's own).

@@ -16,6 +16,24 @@ overwrites it, at a cost in accuracy this module measures.
 Both return a copy; the user's model is never rewritten. `sanitize_cost` measures the test
 accuracy before and after. LSB encoding with b bits per weight survives requantisation only
 where b > 23 - k (its top b + k - 23 bits).
+
+Measured on the default setting (mnist5k, 3,500 training / 1,000 test rows, the victim MLP,
+seed 0; LSB models of benchmarks/memorization_table.py: 8-bit training images in the low b
+bits of every weight; script /work/bench18/h4/measure.py): the decoder's bit accuracy and the
+test accuracy (0.925 before) after each sanitiser; "zeros" = the secret's share of 0 bits,
+0.880, what a decoder reading only zeros scores.
+
+    sanitiser                 b = 8            b = 16           b = 20
+    requantize k=7 random     0.500 / 0.925    0.500 / 0.925    0.600 / 0.925
+    requantize k=7 round      0.880 (zeros)    0.880 (zeros)    0.888 / 0.925
+    requantize k=3 random     0.500 / 0.925    0.500 / 0.925    0.500 / 0.925
+    requantize k=10 random    0.500 / 0.925    0.594 / 0.925    0.675 / 0.925
+    float16 / bfloat16        0.880 (zeros)    0.884 / 0.880    0.906 / 0.889
+    noise std 1e-3            0.503 / 0.925    0.502 / 0.925    0.498 / 0.924
+    noise std 1e-2            0.522 / 0.920    0.511 / 0.920    0.509 / 0.918
+
+The default (k = 7, random fill) leaves a fair coin where LSB's default 16 bits were, with
+no test prediction changed; k = 3 covers b up to 20 at the same accuracy here.
 """
 
 from __future__ import annotations
