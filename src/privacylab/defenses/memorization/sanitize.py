@@ -19,7 +19,7 @@ where b > 23 - k (its top b + k - 23 bits).
 
 Measured on the default setting (mnist5k, 3,500 training / 1,000 test rows, the victim MLP,
 seed 0; LSB models of benchmarks/memorization_table.py: 8-bit training images in the low b
-bits of every weight; script /work/bench18/h4/measure.py): the decoder's bit accuracy and the
+bits of every weight; script /work/bench18/h4/measure.py): the decoder's bit accuracy / the
 test accuracy (0.925 before) after each sanitiser; "zeros" = the secret's share of 0 bits,
 0.880, what a decoder reading only zeros scores.
 
@@ -28,7 +28,8 @@ test accuracy (0.925 before) after each sanitiser; "zeros" = the secret's share 
     requantize k=7 round      0.880 (zeros)    0.880 (zeros)    0.888 / 0.925
     requantize k=3 random     0.500 / 0.925    0.500 / 0.925    0.500 / 0.925
     requantize k=10 random    0.500 / 0.925    0.594 / 0.925    0.675 / 0.925
-    float16 / bfloat16        0.880 (zeros)    0.884 / 0.880    0.906 / 0.889
+    float16                   0.880 (zeros)    0.884 / 0.925    0.906 / 0.925
+    bfloat16                  0.880 (zeros)    0.880 (zeros)    0.889 / 0.925
     noise std 1e-3            0.503 / 0.925    0.502 / 0.925    0.498 / 0.924
     noise std 1e-2            0.522 / 0.920    0.511 / 0.920    0.509 / 0.918
 
