@@ -16,7 +16,14 @@ missing models and recomputes nothing finished (kill it and start it again to re
         [--train-only] [--quick] [--json]
 
 `--quick`: 2 seeds, 2 epochs (smoke run). stdout: per check, the honest statistics (sorted),
-their mean, standard deviation, maximum and the threshold in force; `--json`: one object.
+their mean, standard deviation, maximum, the rule max(mean + 4 sd, 1.25 max) that set each
+default threshold (rounded up) and the threshold in force; `--json`: one object.
+
+Measured (20 models, ~17 CPU-s each; test accuracy 0.93-0.95):
+
+    correlation: mean 39.39 sd 5.36 max 49.75 rule 62.19 threshold 63
+    lsb-entropy: mean 86.35 sd 25.3 max 137.6 rule 187.7 threshold 188
+    sign-pattern: mean 104.6 sd 4.83 max 114.2 rule 142.8 threshold 143
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ def split(data: Dataset, seed: int) -> tuple[Dataset, Dataset]:
 
 
 def seeds_arg(text: str) -> list[int]:
-    """"100-119" or "1,2,5" as a list of seeds."""
+    """ "100-119" or "1,2,5" as a list of seeds."""
     if "-" in text:
         low, high = text.split("-")
         return list(range(int(low), int(high) + 1))
@@ -128,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             "max": float(v.max()),
             "threshold": WEIGHT_CHECKS.get(name)().threshold,
         }
+        spread = summary[name]
+        spread["rule"] = max(spread["mean"] + 4 * spread["std"], 1.25 * spread["max"])
     if args.json:
         print(json.dumps({"seeds": seeds, "checks": summary}))
         return 0
@@ -135,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         values = " ".join(f"{x:.3g}" for x in sorted(s["values"].values()))
         print(
             f"{name}: mean {s['mean']:.4g} sd {s['std']:.3g} max {s['max']:.4g} "
-            f"threshold {s['threshold']:.4g}\n  {values}"
+            f"rule {s['rule']:.4g} threshold {s['threshold']:.4g}\n  {values}"
         )
     return 0
 
