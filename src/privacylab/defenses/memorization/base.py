@@ -13,8 +13,9 @@ seeds 0..19 of benchmarks/memorization_checks.py's store (/work/bench18/h6/model
 /work/bench18/h4/validate.py) no check flags any model — largest statistics correlation 40.4
 (threshold 63), lsb-entropy 139.6 (188), sign-pattern 124.7 (143); a DP-SGD model (ε = 1)
 scores ≈ 0 on all three. Encoded models of seed 0 score lsb-entropy 1.5e5-1.8e5 (LSB, b = 8,
-16, 20) and correlation 1.3e4 (correlated value encoding, 50 images, λ = 0.3; its
-sign-pattern 533 flags too).
+16, 20), correlation 1.3e4-1.6e4 (correlated value encoding, 50 images, λ_c = 0.3, 1, 3; their
+sign-pattern 533-537 flags too) and sign-pattern 575-692 (sign encoding, 40 images at 4 bits,
+λ_s = 3, 10, 30; script /work/bench18/h4/validate2.py).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import nn
 
-from privacylab.attacks.memorization.base import parameter_vector
 from privacylab.data import Dataset
 from privacylab.errors import PrivacylabError
+from privacylab.models.parameters import parameter_vector
 from privacylab.registry import Registry
 
 __all__ = [
