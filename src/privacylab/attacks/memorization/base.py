@@ -44,6 +44,7 @@ from privacylab.attacks.core import number_option as core_number
 from privacylab.attacks.core import whole_option as core_whole
 from privacylab.data import Dataset
 from privacylab.errors import PrivacylabError
+from privacylab.models.parameters import load_parameter_vector, parameter_count, parameter_vector
 from privacylab.registry import Registry
 from privacylab.stats.images import psnr
 from privacylab.stats.memorization import (
@@ -363,36 +364,6 @@ def make_memorization(name: str, **options: Any) -> MemorizationAttack:
         return cls(**options)
     except TypeError as error:
         raise MemorizationError(f"{name}: {error}") from None
-
-
-def parameter_vector(model: nn.Module) -> Tensor:
-    """All parameters of `model`, in `model.parameters()` order, as one detached float32
-    vector on the CPU: the memory every white-box encoding writes in, in one fixed order."""
-    params = list(model.parameters())
-    if not params:
-        raise MemorizationError("the model has no parameters")
-    return torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in params])
-
-
-def load_parameter_vector(model: nn.Module, vector: Tensor) -> None:
-    """Write `vector` (as from `parameter_vector`) back into `model`'s parameters, in place."""
-    flat = torch.as_tensor(vector).reshape(-1)
-    total = parameter_count(model)
-    if flat.numel() != total:
-        raise MemorizationError(
-            f"a parameter vector of {flat.numel()} values for {total} parameters"
-        )
-    offset = 0
-    with torch.no_grad():
-        for p in model.parameters():
-            n = p.numel()
-            p.copy_(flat[offset : offset + n].reshape(p.shape).to(p.device, p.dtype))
-            offset += n
-
-
-def parameter_count(model: nn.Module) -> int:
-    """Number of parameters of `model`."""
-    return int(sum(p.numel() for p in model.parameters()))
 
 
 def channel_bits(bits: int, accuracy: float) -> float:
