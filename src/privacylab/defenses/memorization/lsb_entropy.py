@@ -11,8 +11,10 @@ Bonferroni-corrected smallest window p-value (`bonferroni_log10`).
 
 Honest models are not exactly uniform there: weights that never receive a gradient (first-layer
 weights of pixels that are 0 in every training image) keep their initial values, whose low
-bits are biased (uniform initialisation computes u·2b - b, which cancels low bits near 0); the
-threshold is calibrated on such models.
+bits are far from uniform (torch's uniform initialisation of a fresh 784x512 layer scores
+1,275 on this statistic; measured). The threshold is calibrated on trained models of the
+victim recipe; a model trained for far fewer steps, or with frozen layers, keeps more of its
+initialisation and needs its own calibration.
 
 Evaded by: a secret encrypted or compressed before writing (uniform bits; Song et al. note
 the payload may be compressed), or written in fewer low bits than the rounding noise hides.
