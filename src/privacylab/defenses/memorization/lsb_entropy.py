@@ -16,8 +16,8 @@ bits are far from uniform (torch's uniform initialisation of a fresh 784x512 lay
 victim recipe; a model trained for far fewer steps, or with frozen layers, keeps more of its
 initialisation and needs its own calibration.
 
-Evaded by: a secret encrypted or compressed before writing (uniform bits; Song et al. note
-the payload may be compressed), or written in fewer low bits than the rounding noise hides.
+Evaded by: a secret encrypted, or XORed with a pseudo-random key stream the decoder knows,
+before it is written — its bits are then uniform.
 """
 
 from __future__ import annotations
