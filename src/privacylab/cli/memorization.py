@@ -53,15 +53,16 @@ def attack_memorization_command(
         int | None,
         typer.Option(
             "--bits",
-            help="Size of the secret in bits: the whole items that fit [the method's default "
-            "item count: lsb 100, correlation 50, sign 40, capacity 4 images].",
+            help="Size of the secret in bits: the whole items that fit (default: the method's "
+            "item count: lsb 100, correlation 50, sign 40, capacity 4 images).",
         ),
     ] = None,
     pixel_bits: Annotated[
         int | None,
         typer.Option(
             "--pixel-bits",
-            help="Bits per image pixel of the secret [lsb 8, correlation 8, sign 4, capacity 4].",
+            help="Bits per image pixel of the secret (default: lsb 8, correlation 8, sign 4, "
+            "capacity 4).",
         ),
     ] = None,
     epsilon: Annotated[
@@ -74,7 +75,7 @@ def attack_memorization_command(
     ] = 3500,
     test_size: Annotated[int, typer.Option("--test-size", help="Test rows.")] = 1000,
     epochs: Annotated[
-        int | None, typer.Option("--epochs", help="Training epochs [the recipe's, 20].")
+        int | None, typer.Option("--epochs", help="Training epochs (default: the recipe's, 20).")
     ] = None,
     recipe: Annotated[
         str | None,
