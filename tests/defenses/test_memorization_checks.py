@@ -150,6 +150,26 @@ def test_correlation_is_evaded_by_a_permuting_encoder(setting, thresholds) -> No
     assert not check.check(_with_vector(model, v), train).flagged
 
 
+def test_a_key_stream_evades_lsb_entropy_and_sign_pattern(setting, thresholds) -> None:  # type: ignore[no-untyped-def]
+    """The documented blind spot of both: the secret's bits XORed with a pseudo-random key
+    stream (which the decoder regenerates) are a fair coin, as honest low bits and signs are."""
+    model, train, _ = setting
+    bits = choose_secret(train, np.arange(8), 8).bits()
+    key = np.random.default_rng(11).integers(0, 2, bits.size).astype(np.uint8)
+    lsb = _with_vector(model, write_lsb(parameter_vector(model), bits ^ key, 8))
+    lsb_check = make_weight_check("lsb-entropy", threshold=thresholds["lsb-entropy"])
+    assert lsb_check.check(_lsb(model, train)).flagged and not lsb_check.check(lsb).flagged
+    four = choose_secret(train, np.arange(16), 4).bits()
+    stream = four ^ np.random.default_rng(12).integers(0, 2, four.size).astype(np.uint8)
+    v = parameter_vector(model).clone()
+    v[: four.size] = (
+        v[: four.size].abs() * torch.from_numpy(np.where(stream == 1, 1.0, -1.0)).float()
+    )
+    sign_check = make_weight_check("sign-pattern", threshold=thresholds["sign-pattern"])
+    assert sign_check.check(_signed(model, train)).flagged
+    assert not sign_check.check(_with_vector(model, v)).flagged
+
+
 def test_run_weight_checks_and_needs_data(setting) -> None:  # type: ignore[no-untyped-def]
     model, train, _ = setting
     everything = run_weight_checks(model, train)
