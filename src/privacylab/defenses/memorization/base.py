@@ -2,7 +2,7 @@
 "Machine Learning Models that Remember Too Much", CCS 2017, Sec. 4; seed 004, Exercise 4).
 
 A `WeightCheck` scans the model's parameters in the one order every white-box encoding uses
-(`privacylab.attacks.memorization.parameter_vector`) for the trace its encoding leaves,
+(`privacylab.models.parameters.parameter_vector`) for the trace its encoding leaves,
 computes one `statistic` (larger: more anomalous) and flags the model when it exceeds
 `threshold`, a constant calibrated on honestly trained models of the victim recipe (each
 check's docstring gives the command and the numbers). The data holder runs it: it may use its
