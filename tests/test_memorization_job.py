@@ -49,11 +49,17 @@ SETTINGS = {
     "lsb": {},
     "correlation": {"bits": 20 * 64 * 8},
     "sign": {"bits": 4096},
-    "capacity": {"recipe": {**TINY, "epochs": 20}, "bits": 2 * 64 * 4, "pixel_bits": 4},
+    "capacity": {
+        "recipe": {**TINY, "epochs": 20},
+        "bits": 2 * 64 * 4,
+        "pixel_bits": 4,
+        "attack_options": {"generator": "noise"},
+    },
 }
 """Each method's tiny game: lsb with its defaults (100 8-bit images in the low 16 bits of
 4,810 float32s); correlation 20 items; sign 16 4-bit images (4,096 of the 4,810 signs);
-capacity 2 4-bit images (171 label queries), trained longer so the synthetic rows are learnt."""
+capacity 2 4-bit images (171 label queries of uniform-noise inputs), trained longer so the
+synthetic rows are learnt."""
 
 
 def tiny(**changes: object) -> MemorizationConfig:
@@ -222,7 +228,7 @@ def test_capacity_queries_and_the_detector(games) -> None:
     layout = SecretLayout.from_dict(result["layout"])
     task = MemorizationTask(layout, (1, 8, 8), 10, key=0)
     target = Target(honest, Access.LABEL, 10)
-    decoded = make_memorization("capacity").run(target, task)
+    decoded = make_memorization("capacity", generator="noise").run(target, task)
     chance = float(np.mean(np.asarray(decoded.bits) == _stream(values, 4)))
     assert target.queries == result["queries"]
     assert result["bit_accuracy"] > chance + 0.3
