@@ -12,6 +12,20 @@ each secret item's bits form the block carried by that item's own training row (
 `_penalty`; the non-private penalty is the same mean over blocks of equal size).
 
 capacity = parameters - offset bits (one bit per parameter).
+
+Measured (the default setting: mnist5k, 3,500 training / 1,000 test rows, the victim
+recipe's 535,818-parameter MLP, 20 epochs; the secret 40 4-bit training images = 125,440
+bits from parameter 0; script /work/bench18/h2_default.py, one seed; honest test accuracy
+0.945, an honest model's signs match the bits at 0.50):
+
+    λ_s    accuracy  recovered  bit acc.   MAE      PSNR
+    10     0.954     40/40      0.99716    2.9e-3   43.0
+    100    0.955     40/40      0.999992   8.5e-6   98.5
+    1000   0.958     40/40      1.0        0        100
+
+No accuracy cost at any of them (the sign penalty only acts on wrong-signed weights).
+The default λ_s = 100 is the smallest of these that decodes (almost) every bit, and also
+the one that writes > 95 % of the bits on the small digits MLP of the tests.
 """
 
 from __future__ import annotations
