@@ -80,7 +80,7 @@ def game() -> Game:
     order = np.random.default_rng(0).permutation(len(data))
     train, test = data.subset(order[:1000]), data.subset(order[1000:])
     secret = choose_secret(train, [3, 17], BITS)
-    attack = CapacityAbuse(ratio=3.0, copies=COPIES)
+    attack = CapacityAbuse(generator="noise", ratio=3.0, copies=COPIES)
     encoded, _ = train_encoded(attack, secret, RECIPE, train, seed=0, key=5)
     honest, _ = train_honest(RECIPE, train, seed=0)
     task = MemorizationTask(secret.layout, train.input_shape, train.num_classes, key=5)
@@ -104,7 +104,7 @@ def test_registered_with_label_access() -> None:
     attack = make_memorization("capacity")
     assert isinstance(attack, CapacityAbuse)
     assert attack.threat_model.access is Access.LABEL
-    assert attack.to_dict() == {"name": "capacity", "generator": "noise", "ratio": 2.0, "copies": 1}
+    assert attack.to_dict() == {"name": "capacity", "generator": "pixel", "ratio": 2.0, "copies": 1}
 
 
 def test_decodes_the_secret_from_label_queries(game: Game) -> None:
@@ -116,6 +116,26 @@ def test_decodes_the_secret_from_label_queries(game: Game) -> None:
     assert result.recovered == ITEMS
     assert result.mae < 0.05
     assert result.bits_per_query is not None and result.bits_per_query > 0.8 * K
+    assert result.clean_accuracy >= result.honest_accuracy - 0.05
+
+
+def test_pixel_generator_decodes_one_image(game: Game) -> None:
+    secret = choose_secret(game.train, [3], BITS)
+    attack = CapacityAbuse(generator="pixel", ratio=2.0, copies=2 * COPIES)
+    model, _ = train_encoded(attack, secret, RECIPE, game.train, seed=0, key=2)
+    task = MemorizationTask(secret.layout, game.train.input_shape, 10, key=2)
+    result = run_memorization(
+        attack,
+        Target(model, Access.LABEL, 10),
+        task,
+        secret,
+        clean_accuracy=_accuracy(model, game.test),
+        honest_accuracy=_accuracy(game.honest, game.test),
+        candidates=game.train.features.numpy(),
+    )
+    assert result.queries == math.ceil(64 * BITS / K) == 86
+    assert result.bit_accuracy >= 0.99
+    assert result.recovered == 1
     assert result.clean_accuracy >= result.honest_accuracy - 0.05
 
 
@@ -173,7 +193,9 @@ def test_encode_appends_labelled_copies(game: Game) -> None:
     torch.testing.assert_close(plan.data.features[:n], game.train.features)
     x = plan.data.features[n:].reshape(171, COPIES, -1)
     y = plan.data.labels[n:].reshape(171, COPIES)
-    torch.testing.assert_close(x[:, 0], synthetic_inputs(5, 171, (1, 8, 8)).reshape(171, -1))
+    torch.testing.assert_close(
+        x[:, 0], synthetic_inputs(5, 171, (1, 8, 8), "noise").reshape(171, -1)
+    )
     assert bool((x == x[:, :1]).all()) and bool((y == y[:, :1]).all())
     assert int(y.max()) < 1 << K
     np.testing.assert_array_equal(y[:, 0].numpy(), label_chunks(game.secret.bits(), 10))
@@ -234,7 +256,7 @@ def test_tabular_rows_ride_on_two_class_labels() -> None:
     data = load_dataset("breast_cancer")
     secret = choose_secret(data, [0], None)
     model = RECIPE.spec(data).build(seed=0)
-    plan = CapacityAbuse(ratio=2.0).encode(secret, model, data, key=1)
+    plan = CapacityAbuse(generator="noise", ratio=2.0).encode(secret, model, data, key=1)
     assert plan.extra_rows == 30 * 32
     np.testing.assert_array_equal(plan.data.labels[len(data) :].numpy(), secret.bits())
 
@@ -251,5 +273,5 @@ def test_bad_options_are_one_line(options: dict[str, object]) -> None:
 
 def test_bad_key_is_one_line() -> None:
     with pytest.raises(MemorizationError) as error:
-        synthetic_inputs(-1, 3, (1, 8, 8))
+        synthetic_inputs(-1, 3, (1, 8, 8), "noise")
     assert "key" in _one_line(error)

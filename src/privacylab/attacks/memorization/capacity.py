@@ -72,7 +72,7 @@ def _key(key: object) -> int:
     return whole_option("capacity", "key", key, low=0)
 
 
-def synthetic_limit(input_shape: tuple[int, ...], generator: str = "noise") -> int | None:
+def synthetic_limit(input_shape: tuple[int, ...], generator: str = "pixel") -> int | None:
     """The most distinct inputs `generator` makes for `input_shape` (None: unbounded)."""
     if generator not in GENERATORS:
         raise MemorizationError(
@@ -85,7 +85,7 @@ def synthetic_limit(input_shape: tuple[int, ...], generator: str = "noise") -> i
 
 
 def synthetic_inputs(
-    key: int, count: int, input_shape: tuple[int, ...], generator: str = "noise"
+    key: int, count: int, input_shape: tuple[int, ...], generator: str = "pixel"
 ) -> Tensor:
     """The first `count` synthetic inputs of `generator` for `key` (float32, shape
     (count, *input_shape), values in [0, 1]): input i is a function of (key, i) alone, so a
@@ -156,7 +156,7 @@ class CapacityAbuse(MemorizationAttack):
     default_value_bits: ClassVar[int] = 4
     """Bits per pixel of the job's default secret."""
 
-    def __init__(self, *, generator: str = "noise", ratio: float = 2.0, copies: int = 1) -> None:
+    def __init__(self, *, generator: str = "pixel", ratio: float = 2.0, copies: int = 1) -> None:
         synthetic_limit((1,), generator)
         self.generator = generator
         self.ratio = number_option("capacity", "ratio", ratio)
