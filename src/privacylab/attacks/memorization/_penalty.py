@@ -96,7 +96,7 @@ def parameter_slice(params: Sequence[Tensor], start: int, length: int) -> Tensor
 def _block_terms(params: Sequence[Tensor], targets: Tensor, offset: int, term: BlockTerm) -> Tensor:
     blocks, width = targets.shape
     theta = parameter_slice(params, offset, blocks * width).reshape(blocks, width)
-    return term(theta, targets.to(theta.dtype))
+    return term(theta, targets.to(theta.device, theta.dtype))
 
 
 def scalar_regularizer(
