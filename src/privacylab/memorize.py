@@ -86,9 +86,11 @@ accuracy released / honest 0.925):
   correlation and sign-pattern checks flag it, none flags the honest model; 36 s;
 - sign (4-bit pixels): 40/40 recovered, bit accuracy 0.99997, accuracy 0.939; sign-pattern
   flags it; 38 s;
-- capacity (4-bit pixels, ratio 2): bit accuracy 0.884 from 4,182 label queries (1.44 bits
-  per query), 0/4 recognisable, accuracy 0.940; the query detector flags every synthetic
-  query (FPR 0.009 on the test rows) and its blocking monitor refuses the decoder.
+- capacity (4-bit pixels, ratio 2, the one-pixel generator): 4/4 recovered, bit accuracy
+  1.000 from 4,182 label queries (3.0 bits per query), accuracy 0.942; no weight check flags
+  it; the query detector flags every synthetic query (FPR 0.009 on the test rows) and its
+  blocking monitor refuses the decoder; 40 s (with uniform-noise inputs: bit accuracy 0.884,
+  0/4 recognisable).
 
 With the shortcut (`_encoded`) the lsb run takes 23 CPU seconds, and its released weights are
 bit-identical to those `train_encoded` trains (same result.json, same safetensors).
