@@ -92,6 +92,9 @@ class CorrelatedValueEncoding(MemorizationAttack):
     name: ClassVar[str] = "correlation"
     threat_model: ClassVar[ThreatModel] = ThreatModel(Access.WHITEBOX, ())
     private_ok: ClassVar[bool] = True
+    default_items: ClassVar[int] = 100
+    """The job's default secret: 100 8-bit images (the setting measured above)."""
+    default_value_bits: ClassVar[int] = 8
 
     def __init__(
         self,

@@ -65,6 +65,9 @@ class SignEncoding(MemorizationAttack):
     name: ClassVar[str] = "sign"
     threat_model: ClassVar[ThreatModel] = ThreatModel(Access.WHITEBOX, ())
     private_ok: ClassVar[bool] = True
+    default_items: ClassVar[int] = 40
+    """The job's default secret: 40 4-bit images (the setting measured above)."""
+    default_value_bits: ClassVar[int] = 4
 
     def __init__(self, *, strength: float = 100.0, offset: int = 0) -> None:
         self.strength = number_option(self.name, "strength", strength)
