@@ -21,6 +21,22 @@ the whole secret (Song's single correlation, "global").
   A global correlation is a function of all blocks at once, so it is not any one example's
   loss: under DP only per-item blocks exist. In evaluation mode `SlotModule` returns the
   plain logits (accuracy is read from them); `release` unwraps it.
+
+What DP-SGD leaves of the encodings (digits, 64-unit MLP, 1,200 training rows; scripts
+/work/bench18/h2_dp_sigma.py and h2_dp_quick.py; Poisson batches of 64, Adam 5e-3, 10 epochs,
+clip 1, λ_c = 5 on 20 8-bit images / λ_s = 100 on 15 4-bit images; mean |corr| decoded vs original,
+sign bit accuracy; without DP: 0.98-1.0 / 0.977):
+
+    σ                          0.001   0.05    0.3 (ε=100)  0.80 (ε=8)  2.94 (ε=1)
+    correlation, mean |corr|   0.50    0.40    0.17         0.12        0.11
+    sign, bit accuracy         0.69    0.57    0.50         0.49        0.49
+
+An honest model's |corr| is 0.15 and its bit accuracy 0.5: from ε = 100 on nothing is left.
+Even at σ = 0.001 most of the encoding is gone — the clipping does it: with the clipping norm
+at 1000 (σ = 1e-5) the same runs decode |corr| 0.93 and 92 % of the bits. Each secret row
+carries its block only in the steps it is sampled in, and then with norm ≤ C like any
+example: DP-SGD's sensitivity bound is exactly what limits the encoding (the seed's
+"even with a vanishingly small amount of noise").
 """
 
 from __future__ import annotations
