@@ -1,6 +1,6 @@
 """Capacity abuse: the black-box memorization attack of Song, Ristenpart & Shmatikov, "Machine
-Learning Models that Remember Too Much" (CCS 2017, Sec. 5, Alg. 3; seed 004, "Recall:
-Black-box setting").
+Learning Models that Remember Too Much" (CCS 2017, the capacity-abuse section, Sec. 5; seed 004,
+"Recall: Black-box setting").
 
 The provider's training code cuts the secret's bit stream into chunks of k = ⌊log2 n⌋ bits
 (n classes, `bits_per_label`), generates one synthetic input per chunk by a deterministic
@@ -10,27 +10,29 @@ trains on X ∪ synthetic. The holder sees a model of normal test accuracy. The 
 label access only, regenerates the same inputs from the key, queries their labels (one
 counted query per input, ⌈bits / k⌉ in all), and concatenates the labels' bits. Classes
 2^k..n-1 are never used as labels; an answer there is an error and is read as
-label mod 2^k.
+label mod 2^k. (The authors' code, csong27/ml-model-remember, instead spends two labels
+p//2 and p - p//2 on each 4-bit pixel p of a 10-class task; the bit chunks here carry
+3 bits per label.)
 
 Generators (`generator`):
 
-- ``"noise"`` (default): every value drawn uniformly from [0, 1) by a PRNG seeded with
-  (key, index) — Song et al.'s "pseudorandom" inputs (Sec. 5.2);
-- ``"pixel"``: the seed's "images with one non-zero pixel": input i has the pixel
-  π(i mod P) set to 1 (π a key-seeded permutation of the P values); once every position is
-  used (i ≥ P), a second pixel π((i mod P + r) mod P), r = ⌊i / P⌋, marks the round, as
-  Song et al.'s own generator marks the chunk with a second non-zero pixel. At most
-  P(1 + ⌊(P-1)/2⌋) distinct inputs.
+- ``"pixel"`` (default): the seed's "images with one non-zero pixel": input i has the
+  pixel π(i mod P) set to 1 (π a key-seeded permutation of the P values); once every
+  position is used (i ≥ P), a second pixel π((i mod P + r) mod P), r = ⌊i / P⌋, marks the
+  round, as the authors' generator marks its chunk with a second non-zero pixel. At most
+  P(1 + ⌊(P-1)/2⌋) distinct inputs (more is refused in one line);
+- ``"noise"``: every value drawn uniformly from [0, 1) by a PRNG seeded with (key, index),
+  the paper's pseudorandom inputs.
+
+The pixel generator is the default because the victim MLP learns its labels exactly where
+it learns the noise inputs' only in part (table in `CapacityAbuse`): the noise inputs all lie
+in one small region around the constant image 0.5, far from the data and near each other.
 
 Capacity: at most ⌊ratio · train_rows⌋ synthetic rows (copies included), so
 ⌊⌊ratio · train_rows⌋ / copies⌋ · k bits. `copies` repeats every synthetic row in the
-training data: the holder's recipe (epochs, optimiser) is the holder's, so where the model
-needs more passes over the synthetic rows the training code repeats them in the data.
-Under DP-SGD the synthetic rows are ordinary training rows and DP applies to them as is.
-
-Measured (mnist5k, the job's split: 3,500 training rows, 1,000 test rows; the victim MLP
-784-512-256-10, Adam 2e-3, 20 epochs, batch 64; seed 0; `/work/bench18/capacity_grid.py`):
-see `CapacityAbuse`'s docstring.
+training data: the recipe (epochs, optimiser) is the holder's, so where the model needs more
+passes over the synthetic rows the training code repeats them in the data. Under DP-SGD the
+synthetic rows are ordinary training rows and DP applies to them as is.
 """
 
 from __future__ import annotations
@@ -146,7 +148,48 @@ class CapacityAbuse(MemorizationAttack):
     refused; the unanswered chunks decode as zeros, so the items answered in full are
     recovered and the rest come back black.
 
-    Defaults measured: see `/work/bench18/capacity_grid.py` (numbers filled in below)."""
+    Measured on mnist5k (the job's split: 3,500 training rows, 1,000 test rows, both drawn by
+    a seed-0 permutation), the victim recipe (784-512-256-10 ReLU MLP, Adam 2e-3, 20 epochs,
+    batch 64), seed 0, key 0, `copies` 1 unless noted; items = the whole images the ratio
+    holds (⌊⌊ratio · 3500⌋ · 3 / (784 b)⌋) unless noted; queries = synthetic rows = ⌈bits / 3⌉;
+    the honest model's test accuracy is 0.945. Command: `python /work/bench18/grid2.py OUT
+    '[[generator, ratio, b, copies, items|null], ...]'` (a throwaway script around
+    `train_honest`, `train_encoded` and `run_memorization`)::
+
+        generator ratio  b  items  queries  clean acc  bit acc  recovered  MAE
+        pixel     0.5    1   4/6     1046     0.960     1.000      4      0
+        pixel     0.5    4   1       1046     0.955     1.000      1      0
+        pixel     1      1  13       3398     0.959     1.000     13      0
+        pixel     1      4   3       3136     0.946     0.9997     3      0.0002 (*)
+        pixel     1      8   1       2091     0.956     1.000      1      0
+        pixel     2      1  26       6795     0.964     1.000     26      0
+        pixel     2      4   4/6     4182     0.965     1.000      4      0   (the job's default)
+        pixel     2      4   6       6272     0.936     0.992      2 (**) 0.0073
+        pixel     2      8   3       6272     0.953     1.000      3      0
+        noise     0.5    1   4/6     1046     0.957     0.946      4      0.054
+        noise     0.5    1   6       1568     0.965     0.977      6      0.023
+        noise     1      1   4  (copies 2)    1046 q  0.957     1.000      4      0
+        noise     0.5    4   1       1046     0.956     0.994      1      0.0064
+        noise     1      1  13       3398     0.962     0.896      8      0.104
+        noise     1      4   3       3136     0.947     0.855      0      0.140
+        noise     1      8   1       2091     0.959     0.962      1      0.042
+        noise     2      1  26       6795     0.963     0.847      0      0.153
+        noise     2      4   4/6     4182     0.941     0.865      0      0.134
+        noise     2      4   6       6272     0.959     0.839      0      0.160
+        noise     2      8   3       6272     0.955     0.871      0      0.140
+
+    At ratio 0.5, 8-bit pixels (6,272 bits an image) do not fit: 5,250 bits hold no whole
+    image (refused in one line). (*) `/work/bench18/capacity_grid.py mnist5k 3500 1 4 pixel 1
+    20` (other secret rows). (**) every decoded image's nearest training row is its own: the
+    base's `recovered` compares the decoding with the quantised original but with the raw
+    8-bit candidates, so a near-exact 4-bit decoding can sit nearer its raw row than its
+    quantised one and is not counted. The same queries to the honest model decode at bit
+    accuracy 0.36-0.39 (pixel: it answers the sparse inputs with a few classes, so no better
+    than a constant answer) and 0.53 (noise), recovering nothing. The default (pixel, ratio 2,
+    4 items of 4-bit pixels) costs no accuracy here (0.965 against 0.945) and trains on 7,682
+    rows, about 2.2 times the honest model's time. Noise inputs decode worse as more are
+    added (0.977 at 1,568 rows, 0.84-0.90 from 3,136), and repeating them helps (copies 2:
+    exact)."""
 
     name = "capacity"
     threat_model: ClassVar[ThreatModel] = ThreatModel(Access.LABEL, ())
