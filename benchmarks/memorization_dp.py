@@ -13,9 +13,9 @@ recipe; under DP its own Poisson batches of 256 expected rows, Adam at 5e-3, cli
 20 epochs); the secrets are the job's defaults (correlation 50 8-bit images, sign 40 4-bit
 images, capacity 4 4-bit images), at the attack's default strength (`--scales 1 3`: also 3x
 it; a DP-SGD model with per-example vmap gradients took ~30 wall-minutes on the shared
-machine, so 3x is not in the default run). Per row: ε asked and spent (the trainer's accountant), the honest DP model's
-accuracy beside the encoded one's, bit accuracy, items recovered, MAE, PSNR — and the same
-decoder on the honest model of the same ε (chance).
+machine, so 3x is not in the default run). Per row: ε asked and spent (the trainer's
+accountant), the honest DP model's accuracy beside the encoded one's, bit accuracy, items
+recovered, MAE, PSNR — and the same decoder on the honest model of the same ε (chance).
 
 Models and rows are cached in `--store` (the table's cache; resumable).
 
