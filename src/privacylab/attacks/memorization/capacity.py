@@ -92,7 +92,7 @@ def synthetic_inputs(
     """The first `count` synthetic inputs of `generator` for `key` (float32, shape
     (count, *input_shape), values in [0, 1]): input i is a function of (key, i) alone, so a
     longer run extends a shorter one and the decoder regenerates what the training code
-    trained on (Song et al. 2017, Sec. 5.2)."""
+    trained on (Song et al. 2017, Sec. 5)."""
     seed = _key(key)
     n = whole_option("capacity", "count", count, low=0)
     shape = tuple(int(s) for s in input_shape)
@@ -121,7 +121,7 @@ def synthetic_inputs(
 
 def label_chunks(bits: np.ndarray, num_classes: int) -> np.ndarray:
     """The labels carrying the bit stream `bits`: ⌊log2 n⌋ bits per label, MSB first, the
-    stream padded with zeros to a whole number of labels (Song et al. 2017, Sec. 5.2)."""
+    stream padded with zeros to a whole number of labels (Song et al. 2017, Sec. 5)."""
     k = _bits(num_classes)
     stream = np.asarray(bits, dtype=np.uint8).ravel()
     padded = np.zeros(math.ceil(stream.size / k) * k, dtype=np.uint8)
