@@ -222,7 +222,7 @@ class CapacityAbuse(MemorizationAttack):
         private: bool = False,
     ) -> MaliciousTraining:
         """X ∪ the synthetic rows labelled with the secret's bits, each `copies` times (Song
-        et al. 2017, Alg. 3); `private` changes nothing (the rows are ordinary rows)."""
+        et al. 2017, Sec. 5); `private` changes nothing (the rows are ordinary rows)."""
         if data.kind == "text":
             raise MemorizationError("capacity: text inputs are not supported (images, tabular)")
         self.check_capacity(secret.layout, model, data.num_classes, len(data))
