@@ -58,6 +58,7 @@ from memorization_table import (
     decode,
     encoded,
     fmt,
+    full_options,
     honest,
     log,
     option_tag,
@@ -218,7 +219,13 @@ def detection(store: Store, encoded_seeds: list[int], recipe: VictimRecipe, quic
     """Every check on every encoded model; detection rate per (check, method, setting)."""
     measured = []
     for setting, seed in encoded_cases(encoded_seeds, quick):
-        tag = option_tag({**setting.options, "items": setting.items, "vb": setting.value_bits})
+        tag = option_tag(
+            {
+                **full_options(setting.method, setting.options),
+                "items": setting.items,
+                "vb": setting.value_bits,
+            }
+        )
         key = f"{setting.method}-{setting.label}-{tag}-s{seed}".replace("=", "").replace(" ", "")
         row = store.result(f"checks-encoded-{VERSION}", key)
         if row is None:
@@ -313,7 +320,13 @@ def sanitize(store: Store, recipe: VictimRecipe, quick: bool) -> dict:
         honest_acc = accuracy(honest_model, rows.test)
         before_acc = accuracy(model, rows.test)
         for label, fn in sanitizers():
-            tag = option_tag({**setting.options, "items": setting.items, "vb": setting.value_bits})
+            tag = option_tag(
+                {
+                    **full_options(setting.method, setting.options),
+                    "items": setting.items,
+                    "vb": setting.value_bits,
+                }
+            )
             key = f"{setting.method}-{tag}-{label.replace(' ', '')}-s{seed}"
             row = store.result(f"checks-sanitize-{VERSION}", key)
             if row is None:
