@@ -189,7 +189,14 @@ class CapacityAbuse(MemorizationAttack):
     4 items of 4-bit pixels) costs no accuracy here (0.965 against 0.945) and trains on 7,682
     rows, about 2.2 times the honest model's time. Noise inputs decode worse as more are
     added (0.977 at 1,568 rows, 0.84-0.90 from 3,136), and repeating them helps (copies 2:
-    exact)."""
+    exact).
+
+    The job's default run, `privacylab attack memorization --method capacity --json` (its own
+    split, seed 0): bit accuracy 1.0, 4 of 4 images recovered, 4,182 label queries, clean
+    accuracy 0.942 against the honest 0.925; 42 CPU-seconds (130 s wall on the loaded
+    2-core machine). With `--epsilon 8` (DP-SGD, both models): bit accuracy 0.870, exactly
+    the share of zero bits in the secret (every synthetic input answered with a label of
+    bits 000), 0 images recovered; clean accuracy 0.854 against the honest 0.880."""
 
     name = "capacity"
     threat_model: ClassVar[ThreatModel] = ThreatModel(Access.LABEL, ())
