@@ -164,6 +164,14 @@ class SecretLayout:
             int(data["items"]), tuple(data["item_shape"]), int(data["value_bits"]), data["kind"]
         )
 
+    def quantised(self, data: object) -> np.ndarray:
+        """Rows of data (n, *item_shape) as this layout stores them: images rounded to the
+        2^b levels, tabular rows cast to float32 — the space decodings are compared in."""
+        x = np.asarray(data, dtype=np.float64).reshape(-1, *self.item_shape)
+        if self.kind == "tabular":
+            return x.astype(np.float32).astype(np.float64)
+        return np.rint(np.clip(x, 0.0, 1.0) * self.levels) / self.levels
+
     def values_to_data(self, values: np.ndarray) -> np.ndarray:
         """Quantised values (items, values_per_item) back to data, shaped (items, *item_shape):
         images as pixels v / (2^b - 1) in [0, 1]; tabular rows as the float32 they encode."""
@@ -466,7 +474,8 @@ def run_memorization(
     """Decode on a view of `target` at the attack's access, then — only then — compare with
     `secret` (the truth) and build the `MemorizationResult`. `candidates`: the rows
     (n, *item_shape, as data) an item must be told apart from (the training set; it should
-    contain the secret's own rows)."""
+    contain the secret's own rows), compared at the layout's quantisation (`quantised`), so
+    that a coarse secret (4-bit pixels) decoded exactly is nearest to its own row."""
     if task.layout != secret.layout:
         raise MemorizationError("the task's layout is not the secret's")
     start = time.perf_counter()
@@ -494,7 +503,8 @@ def run_memorization(
         finite = np.where(np.isfinite(recovered_data), recovered_data, 0.0)
         mae = float(mean_absolute_error(original, finite).mean())
         psnr_mean = None
-    recovered = _recognised(recovered_data, original, candidates)
+    pool = None if candidates is None else layout.quantised(candidates)
+    recovered = _recognised(recovered_data, original, pool)
     information = channel_bits(layout.total_bits, accuracy)
     white_box = execution.access.rank >= Access.WHITEBOX.rank
     params = 0
