@@ -63,22 +63,32 @@ def chi_square_uniform(counts: object) -> tuple[float, float]:
 
 
 def chi2_logsf(statistic: float, df: int) -> float:
-    """log P(χ²_df >= statistic); where scipy's value underflows (p < 1e-308), an asymptotic
-    form so that extreme statistics keep their order and the result stays finite: for
-    x = X²/2 > 4a (a = df/2) the expansion of the upper incomplete gamma function,
-    log Γ(a, x) ≈ (a - 1) log x - x + log(1 + (a-1)/x + (a-1)(a-2)/x²) (Abramowitz & Stegun
-    6.5.32), less log Γ(a); below it the Wilson-Hilferty approximation ((X²/df)^(1/3) ≈ normal
-    with mean 1 - 2/(9 df) and variance 2/(9 df); Wilson & Hilferty 1931)."""
+    """log P(χ²_df >= statistic); where scipy's value underflows (p < 1e-308, always far
+    beyond the mean, x = X²/2 > a + 1 with a = df/2), log Q(a, x) from the continued fraction
+    of the upper incomplete gamma function, Γ(a, x) = e^-x x^a / (x + 1 - a - 1(1 - a) /
+    (x + 3 - a - 2(2 - a) / (x + 5 - a - ...))) (Abramowitz & Stegun 6.5.31; evaluated by the
+    modified Lentz method), less log Γ(a) — so that extreme statistics keep their order and
+    the result stays finite."""
     exact = float(stats.chi2.logsf(statistic, df))
     if math.isfinite(exact):
         return exact
     a, x = df / 2.0, statistic / 2.0
-    if x > 4.0 * a:
-        series = 1.0 + (a - 1.0) / x + (a - 1.0) * (a - 2.0) / (x * x)
-        return (a - 1.0) * math.log(x) - x + math.log(series) - math.lgamma(a)
-    spread = 2.0 / (9.0 * df)
-    z = ((statistic / df) ** (1.0 / 3.0) - (1.0 - spread)) / math.sqrt(spread)
-    return float(stats.norm.logsf(z))
+    tiny = 1e-300
+    b = x + 1.0 - a
+    c, d = 1.0 / tiny, 1.0 / b
+    fraction = d
+    for i in range(1, 10_000):
+        term = -i * (i - a)
+        b += 2.0
+        d = term * d + b
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = b + term / c
+        c = c if abs(c) > tiny else tiny
+        step = c * d
+        fraction *= step
+        if abs(step - 1.0) < 1e-15:
+            break
+    return a * math.log(x) - x - math.lgamma(a) + math.log(fraction)
 
 
 def windows(size: int, window: int) -> list[tuple[int, int]]:
