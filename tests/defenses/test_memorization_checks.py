@@ -241,3 +241,48 @@ def test_detector_bad_input(setting) -> None:  # type: ignore[no-untyped-def]
         fitted.score(torch.zeros(2, 5))
     with pytest.raises(MemorizationDefenseError, match="NaN"):
         fitted.score(torch.full((2, 1, 8, 8), float("nan")))
+
+
+def test_checks_leave_the_model_as_it_was(setting) -> None:  # type: ignore[no-untyped-def]
+    model, train, _ = setting
+    before = parameter_vector(model).clone()
+    was = model.training
+    run_weight_checks(model, train)
+    assert torch.equal(parameter_vector(model), before) and model.training == was
+
+
+def test_detector_threshold_is_the_held_out_quantile(setting) -> None:  # type: ignore[no-untyped-def]
+    """Fitted with explicit held-out rows, the threshold is their scores' empirical (1 - fpr)
+    quantile ("higher"), so at most fpr of those rows score above it."""
+    _, train, test = setting
+    detector = QueryAnomalyDetector(fpr=0.05).fit(train.features, held_out=test.features)
+    scores = detector.score(test.features)
+    assert detector.threshold == float(np.quantile(scores, 0.95, method="higher"))
+    assert 0 < np.mean(scores > detector.threshold) <= 0.05
+    assert np.mean(scores >= detector.threshold) > 0.05 - 1 / len(test)
+
+
+def test_detector_filter_scores_reference_rows_without_themselves() -> None:
+    """Leave-one-out on a line of points 0, 1, 2, 4 (Euclidean, k = 1): each reference row's
+    score is the distance to its nearest other row, a new row's to its nearest row; with
+    k = 4 (all reference rows), a reference row's farthest other row and a new row's farthest
+    row."""
+    ref = np.array([[0.0], [1.0], [2.0], [4.0]])
+    detector = QueryAnomalyDetector(k=1, metric="euclidean").fit(ref, held_out=np.array([[1.5]]))
+    assert detector.threshold == pytest.approx(0.5)
+    assert detector.filter_training(ref).tolist() == [False, False, False, False]
+    assert detector.filter_training(np.array([[0.25], [3.0]])).tolist() == [True, False]
+    wide = QueryAnomalyDetector(k=4, metric="euclidean").fit(ref, held_out=np.array([[2.5]]))
+    assert wide.threshold == pytest.approx(2.5)
+    assert wide.filter_training(ref).tolist() == [False, False, True, False]
+    assert wide.filter_training(np.array([[3.0], [1.75]])).tolist() == [False, True]
+
+
+def test_detector_width_mismatches_are_one_line(setting) -> None:  # type: ignore[no-untyped-def]
+    _, train, _ = setting
+    with pytest.raises(MemorizationDefenseError, match="held-out rows of 5") as error:
+        QueryAnomalyDetector().fit(train.features, held_out=torch.zeros(3, 5))
+    assert "\n" not in str(error.value)
+    fitted = QueryAnomalyDetector().fit(train.features[:200])
+    with pytest.raises(MemorizationDefenseError, match="inputs of 5 values"):
+        fitted.filter_training(torch.zeros(2, 5))

@@ -105,6 +105,11 @@ class QueryAnomalyDetector:
             calibration, rows = rows[order[:cut]], rows[order[cut:]]
         else:
             calibration = _rows(held_out, "query detector")
+            if calibration.shape[1] != rows.shape[1]:
+                raise MemorizationDefenseError(
+                    f"query detector: held-out rows of {calibration.shape[1]} values, training "
+                    f"inputs of {rows.shape[1]}"
+                )
         if len(rows) < self.k:
             raise MemorizationDefenseError(
                 f"query detector: fewer reference rows than k = {self.k}"
@@ -123,8 +128,7 @@ class QueryAnomalyDetector:
     def _score(self, q: np.ndarray, exclude_self: bool) -> np.ndarray:
         assert self._reference is not None
         ref = self._reference
-        k = self.k + (1 if exclude_self else 0)
-        k = min(k, len(ref))
+        k = min(self.k + (1 if exclude_self else 0), len(ref))
         out = np.empty(len(q))
         ref_sq = (ref**2).sum(1)
         for start in range(0, len(q), 512):
@@ -136,13 +140,11 @@ class QueryAnomalyDetector:
                 dist = np.sqrt(np.maximum(sq, 0.0))
             nearest = np.partition(dist, k - 1, axis=1)[:, :k]
             nearest.sort(axis=1)
+            kth = nearest[:, min(self.k, k) - 1]
             if exclude_self:
                 is_self = nearest[:, 0] <= 1e-9
-                out[start : start + len(block)] = np.where(
-                    is_self, nearest[:, -1], nearest[:, k - 2]
-                )
-            else:
-                out[start : start + len(block)] = nearest[:, -1]
+                kth = np.where(is_self, nearest[:, -1], kth)
+            out[start : start + len(block)] = kth
         return out
 
     def _fitted(self) -> float:
@@ -150,16 +152,19 @@ class QueryAnomalyDetector:
             raise MemorizationDefenseError("query detector: fit it on the training inputs first")
         return self.threshold
 
-    def score(self, x: object) -> np.ndarray:
-        """The anomaly score of each input of the batch `x` (larger: less like the data)."""
+    def _queries(self, x: object) -> np.ndarray:
         self._fitted()
         rows = _rows(x, "query detector")
-        if rows.shape[1] != self._reference.shape[1]:  # type: ignore[union-attr]
+        width = self._reference.shape[1]  # type: ignore[union-attr]
+        if rows.shape[1] != width:
             raise MemorizationDefenseError(
-                f"query detector: inputs of {rows.shape[1]} values, fitted on "
-                f"{self._reference.shape[1]}"  # type: ignore[union-attr]
+                f"query detector: inputs of {rows.shape[1]} values, fitted on {width}"
             )
-        return self._score(self._prepare(rows), exclude_self=False)
+        return self._prepare(rows)
+
+    def score(self, x: object) -> np.ndarray:
+        """The anomaly score of each input of the batch `x` (larger: less like the data)."""
+        return self._score(self._queries(x), exclude_self=False)
 
     def flags(self, x: object) -> np.ndarray:
         """Boolean mask of the inputs whose score exceeds the threshold."""
@@ -170,8 +175,7 @@ class QueryAnomalyDetector:
         """Boolean mask of the rows of a training set `x` to keep (not anomalous); a row equal
         to a reference row is scored against the others (leave-one-out)."""
         threshold = self._fitted()
-        rows = _rows(x, "query detector")
-        return self._score(self._prepare(rows), exclude_self=True) <= threshold
+        return self._score(self._queries(x), exclude_self=True) <= threshold
 
     def monitor(self, block: bool = True) -> QueryWatch:
         """A query monitor for `Target.with_monitor`: counts flagged queries and, with `block`,
