@@ -58,8 +58,10 @@ def test_requantize_matches_the_frexp_oracle(mode: str, keep: int) -> None:
     rng = np.random.default_rng(keep)
     x = (rng.normal(size=3000) * np.exp(rng.uniform(-20, 20, 3000))).astype(np.float32)
     x[:3] = [0.0, -0.0, 1.0]
-    out = _weights(requantize(_model_of(x), keep, fill=mode))
+    model = _model_of(x)
+    out = _weights(requantize(model, keep, fill=mode))
     np.testing.assert_array_equal(out.astype(np.float64), _round_oracle(x, keep, mode))
+    np.testing.assert_array_equal(_weights(model), x)
 
 
 def test_dtype_round_trips_are_torch_casts_and_the_original_is_untouched() -> None:
@@ -98,7 +100,9 @@ def test_random_fill_is_seeded() -> None:
 
 def test_weight_noise_has_the_asked_spread() -> None:
     x = np.zeros(20_000, np.float32)
-    delta = _weights(add_weight_noise(_model_of(x), 0.01, seed=3))
+    model = _model_of(x)
+    delta = _weights(add_weight_noise(model, 0.01, seed=3))
+    np.testing.assert_array_equal(_weights(model), x)
     # sample sd of 20,000 normals: within 4 standard errors (sd / sqrt(2n))
     assert abs(delta.std() - 0.01) < 4 * 0.01 / np.sqrt(2 * 20_000)
     assert abs(delta.mean()) < 4 * 0.01 / np.sqrt(20_000)
@@ -148,11 +152,13 @@ def test_sanitisers_destroy_the_lsb_payload_at_negligible_cost(payload, sanitise
     standard errors); bfloat16 leaves zeros (the decoder scores the secret's share of zero
     bits, and every decoded pixel is 0). Test accuracy moves by at most 1 point."""
     encoded, bits, test = payload
+    before, mode = parameter_vector(encoded).clone(), encoded.training
     clean = sanitise(encoded)
     accuracy = _decode(clean, bits)
     cost = sanitize_cost(encoded, clean, test)
     assert set(cost) >= {"accuracy_before", "accuracy_after", "agreement"}
     assert abs(cost["accuracy_after"] - cost["accuracy_before"]) <= 0.01
+    assert torch.equal(parameter_vector(encoded), before) and encoded.training == mode
     if reads == "coin":
         assert abs(accuracy - 0.5) < 6 * 0.5 / np.sqrt(bits.size)
     else:

@@ -47,7 +47,6 @@ import torch
 from torch import nn
 
 from privacylab.data import Dataset
-from privacylab.defenses.base import accuracy
 from privacylab.defenses.memorization.base import (
     MemorizationDefenseError,
     positive_number,
@@ -144,27 +143,33 @@ def add_weight_noise(
     return out
 
 
+def _predictions(model: nn.Module, test: Dataset, chunk: int = 4096) -> torch.Tensor:
+    """`model`'s labels of the test rows, in evaluation mode (then restored), on the CPU."""
+    first = next(model.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return torch.cat(
+                [
+                    model(test.features[i : i + chunk].to(device)).argmax(1).cpu()
+                    for i in range(0, len(test), chunk)
+                ]
+            )
+    finally:
+        model.train(was)
+
+
 def sanitize_cost(model: nn.Module, sanitized: nn.Module, test: Dataset) -> dict[str, Any]:
     """Test accuracy of `model` and of its `sanitized` copy, and the share of test rows whose
-    predicted label is unchanged (`agreement`)."""
+    predicted label is unchanged (`agreement`); both models are left in the mode they were in."""
     if len(test) == 0:
         raise MemorizationDefenseError("sanitize_cost: the test set is empty")
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        was = model.training, sanitized.training
-        model.eval(), sanitized.eval()
-        x = test.features.to(device)
-        same = float(
-            (
-                model(x).argmax(1)
-                == sanitized(x.to(next(sanitized.parameters()).device)).argmax(1).to(device)
-            )
-            .float()
-            .mean()
-        )
-        model.train(was[0]), sanitized.train(was[1])
+    before, after = _predictions(model, test), _predictions(sanitized, test)
+    labels = test.labels.cpu()
     return {
-        "accuracy_before": accuracy(model, test),
-        "accuracy_after": accuracy(sanitized, test),
-        "agreement": same,
+        "accuracy_before": float((before == labels).float().mean()),
+        "accuracy_after": float((after == labels).float().mean()),
+        "agreement": float((before == after).float().mean()),
     }
