@@ -146,6 +146,9 @@ def test_tables_and_escaping(tmp_path) -> None:
     assert not section.applies({"memorization": {"runs": [], "tables": {}}})
     page = add_memorization_run(tmp_path, {"attack": entry(label="<script>x</script>")})
     assert "<script>x</script>" not in page.read_text()
+    hostile = {"memorization": {"tables": {'x" onmouseover="alert(1)': rows}}}
+    html = section.render(tmp_path, hostile)
+    assert 'onmouseover="' not in html and "&quot; onmouseover=&quot;" in html
 
 
 def test_a_tabular_run_has_no_picture(tmp_path) -> None:
@@ -165,6 +168,10 @@ def test_a_tabular_run_has_no_picture(tmp_path) -> None:
         ({"attack": entry(clean_accuracy=1.5)}, "'clean_accuracy'\\] must be in \\[0, 1\\]"),
         ({"attack": entry(images={"original": [[[0.0]]]})}, "needs both 'original' and"),
         ({"attack": entry(images={"original": [[[0.0]]], "decoded": []})}, "as many images"),
+        (
+            {"attack": entry(images={"original": [[[0.0]]] * 9, "decoded": [[[0.0]]] * 10})},
+            "as many images",
+        ),
         ({"attack": entry(images={"original": [[[math.nan]]], "decoded": [[[0.0]]]})}, "NaN"),
         ({"attack": entry(images={"original": [[1, 2]], "decoded": [[1, 2]]})}, "\\(H, W\\)"),
         ({"tables": {"Bad Name": []}}, "table name must be"),

@@ -164,6 +164,7 @@ def _image(value: Any, where: str) -> np.ndarray:
 
 def _image_rows(raw: Mapping[str, Any]) -> dict[str, list[np.ndarray]]:
     rows: dict[str, list[np.ndarray]] = {}
+    counts: dict[str, int] = {}
     for key, _ in IMAGE_ROWS:
         value = raw.get(key)
         if value is None:
@@ -172,6 +173,7 @@ def _image_rows(raw: Mapping[str, Any]) -> dict[str, list[np.ndarray]]:
             raise MemorizationReportError(
                 f"payload['attack']['images'][{key!r}] must be a list of images"
             )
+        counts[key] = len(value)
         rows[key] = [
             _image(x, f"payload['attack']['images'][{key!r}][{i}]")
             for i, x in enumerate(value[:MAX_IMAGES])
@@ -180,8 +182,7 @@ def _image_rows(raw: Mapping[str, Any]) -> dict[str, list[np.ndarray]]:
         raise MemorizationReportError(
             "payload['attack']['images'] needs both 'original' and 'decoded'"
         )
-    sizes = {len(v) for v in rows.values()}
-    if len(sizes) > 1:
+    if len(set(counts.values())) > 1:
         raise MemorizationReportError(
             "payload['attack']['images'] rows must hold as many images each"
         )

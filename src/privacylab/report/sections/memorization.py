@@ -159,7 +159,9 @@ def table(name: str, rows: Sequence[Mapping[str, Any]]) -> str:
     columns = [(k, k.replace("_", " ")) for k in keys]
     text = {k for k in keys if all(not isinstance(r.get(k), (int, float)) for r in rows)}
     body = ["<tr>" + "".join(_value_cell(r.get(k)) for k in keys) + "</tr>" for r in rows]
-    return sortable_table(f"memorization-table-{name}", columns, body, text=text, empty="no rows")
+    return sortable_table(
+        f"memorization-table-{e(name)}", columns, body, text=text, empty="no rows"
+    )
 
 
 def _pictures(folder: Path, entry: Mapping[str, Any]) -> str:
