@@ -292,6 +292,58 @@ def test_a_lost_released_model_is_retrained_to_the_same_numbers(games, monkeypat
         assert again[key] == result[key], key
 
 
+class _Killed(BaseException):
+    """A kill: not an Exception, so nothing on the way catches it."""
+
+
+def test_a_kill_during_training_resumes_from_the_checkpoint(games, monkeypatch, tmp_path):
+    """Killed right after the released model's second epoch is checkpointed (the 5th save:
+    3 honest epochs, then 2 of the malicious training): the re-run reuses the saved honest
+    model, resumes the malicious training at epoch 2 from its checkpoint, and ends with the
+    uninterrupted run's weights and numbers."""
+    from privacylab.training.checkpoint import Checkpoint
+
+    source, result = games["sign"]
+    config = tiny(method="sign", **SETTINGS["sign"])
+    folder = tmp_path / "killed"
+    save, load = Checkpoint.save, Checkpoint.load
+    saves: list[int] = []
+
+    def save_then_die(self, *args, **kwargs):
+        save(self, *args, **kwargs)
+        saves.append(1)
+        if len(saves) == 5:
+            raise _Killed
+
+    monkeypatch.setattr(Checkpoint, "save", save_then_die)
+    with pytest.raises(_Killed):
+        run_memorization_job(config, folder)
+    assert (folder / "honest").is_dir() and not (folder / "model").exists()
+    assert not (folder / "result.json").exists()
+
+    resumed: list[int] = []
+
+    def spy(self, *args, **kwargs):
+        state = load(self, *args, **kwargs)
+        resumed.append(None if state is None else state["epoch"])
+        return state
+
+    def no_training(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the saved honest model was trained again")
+
+    monkeypatch.setattr(Checkpoint, "save", save)
+    monkeypatch.setattr(Checkpoint, "load", spy)
+    monkeypatch.setattr(memorization, "train_honest", no_training)
+    again = run_memorization_job(config, folder)
+    assert resumed == [2]
+    assert np.array_equal(_weights(folder), _weights(source))
+    drop = {"seconds", "folder"}
+    assert {k: v for k, v in again.items() if k not in drop} == {
+        k: v for k, v in result.items() if k not in drop
+    }
+    assert not (folder / "checkpoints").exists()
+
+
 def test_a_finished_result_is_reused_and_another_game_refused(games) -> None:
     folder, result = games["lsb"]
     assert run_memorization_job(tiny(), folder) == result
@@ -324,6 +376,15 @@ def test_a_finished_result_is_reused_and_another_game_refused(games) -> None:
         ({"train_size": 50}, "the secret's 51 items exceed the 50 training rows"),
         ({"attack_options": {"colour": 1}}, "lsb takes no option colour; it takes bits, offset"),
         ({"method": "capacity", "bits": 10**6}, "capacity: the secret needs"),
+        (
+            {
+                "method": "capacity",
+                "bits": 25 * 256,
+                "train_size": 1000,
+                "attack_options": {"ratio": 3.0},
+            },
+            "at most 6144 bits (the pixel generator makes 2048 distinct inputs; 24 items",
+        ),
         ({"recipe": {"epochs": 0}}, "recipe epochs must be a whole number >= 1"),
         ({"recipe": {"epsilon": 2.0}}, "give the holder's ε with --epsilon"),
     ],

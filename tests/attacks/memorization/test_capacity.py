@@ -26,6 +26,7 @@ from privacylab.attacks.memorization import (
     MemorizationResult,
     MemorizationTask,
     Secret,
+    SecretLayout,
     choose_secret,
     make_memorization,
     memorization_names,
@@ -249,6 +250,27 @@ def test_capacity_formula_and_refusal(game: Game) -> None:
         train_encoded(attack, big, RECIPE, game.train)
     assert _one_line(error).startswith(
         "capacity: the secret needs 1536 bits but this model can hold at most 750 bits"
+    )
+
+
+def test_pixel_generator_limit_bounds_the_capacity() -> None:
+    """On 8x8 digits the pixel generator makes 64 · 32 = 2,048 distinct inputs (6,144 bits),
+    below the ratio's room at ratio 3 (9,000 bits): refused at the generator's bound, in the
+    capacity refusal's one line, before any training."""
+    attack = CapacityAbuse(generator="pixel", ratio=3.0)
+    model = RECIPE.spec(load_dataset("digits")).build(seed=0)
+    assert attack.capacity(model, 10, 1000) == 3000 * K
+    limit = synthetic_limit((1, 8, 8), "pixel")
+    assert limit == 2048
+    attack.check_capacity(SecretLayout(24, (1, 8, 8), BITS), model, 10, 1000)
+    with pytest.raises(MemorizationError) as error:
+        attack.check_capacity(SecretLayout(25, (1, 8, 8), BITS), model, 10, 1000)
+    assert _one_line(error) == (
+        "capacity: the secret needs 6400 bits but this model can hold at most 6144 bits "
+        "(the pixel generator makes 2048 distinct inputs; 24 items of 256 bits)"
+    )
+    CapacityAbuse(generator="noise", ratio=3.0).check_capacity(
+        SecretLayout(35, (1, 8, 8), BITS), model, 10, 1000
     )
 
 

@@ -330,18 +330,23 @@ class MemorizationAttack(Attack[MemorizationTask, Decoded]):
         self, layout: SecretLayout, model: nn.Module, num_classes: int, train_rows: int
     ) -> None:
         """One MemorizationError line when `layout` needs more bits than `capacity`."""
-        room = self.capacity(model, num_classes, train_rows)
-        if layout.total_bits > room:
-            raise MemorizationError(
-                f"{self.name}: the secret needs {layout.total_bits} bits but this model can hold "
-                f"at most {room} bits ({room // max(layout.bits_per_item, 1)} items of "
-                f"{layout.bits_per_item} bits)"
-            )
+        _refuse_above(self.name, layout, self.capacity(model, num_classes, train_rows))
 
     def to_dict(self) -> dict[str, Any]:
         """The attack's name and options, JSON-ready."""
         options = {k: v for k, v in vars(self).items() if not k.startswith("_")}
         return {"name": self.name, **options}
+
+
+def _refuse_above(name: str, layout: SecretLayout, room: int, why: str = "") -> None:
+    """The one capacity refusal line: `layout` needs more than `room` bits (`why`: what else
+    bounds the room, said in the parentheses)."""
+    if layout.total_bits > room:
+        raise MemorizationError(
+            f"{name}: the secret needs {layout.total_bits} bits but this model can hold "
+            f"at most {room} bits ({why}{room // max(layout.bits_per_item, 1)} items of "
+            f"{layout.bits_per_item} bits)"
+        )
 
 
 MEMORIZATION_ATTACKS: Registry[type[MemorizationAttack]] = Registry(

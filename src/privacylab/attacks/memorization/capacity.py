@@ -53,6 +53,8 @@ from privacylab.attacks.memorization.base import (
     MemorizationError,
     MemorizationTask,
     Secret,
+    SecretLayout,
+    _refuse_above,
     number_option,
     register_memorization,
     whole_option,
@@ -218,6 +220,21 @@ class CapacityAbuse(MemorizationAttack):
             return 0
         inputs = math.floor(self.ratio * int(train_rows)) // self.copies
         return inputs * bits_per_label(int(num_classes))
+
+    def check_capacity(
+        self, layout: SecretLayout, model: nn.Module, num_classes: int, train_rows: int
+    ) -> None:
+        """The base's refusal, also bounded by the distinct inputs the generator makes for the
+        secret's item shape (the training rows' input shape): the pixel generator's
+        `synthetic_limit` can be below the ratio's room (8x8 digits: 2,048 inputs)."""
+        room = self.capacity(model, num_classes, train_rows)
+        limit = synthetic_limit(layout.item_shape, self.generator)
+        if limit is not None and int(num_classes) >= 2:
+            made = limit * bits_per_label(int(num_classes))
+            if made < room:
+                why = f"the {self.generator} generator makes {limit} distinct inputs; "
+                _refuse_above(self.name, layout, made, why)
+        _refuse_above(self.name, layout, room)
 
     def encode(
         self,
