@@ -25,6 +25,7 @@ from privacylab.attacks.memorization import MemorizationTask, SecretLayout, make
 from privacylab.data import load_dataset
 from privacylab.errors import PrivacylabError
 from privacylab.memorize import (
+    DEFAULTS,
     HOLDOUT,
     MemorizationConfig,
     MemorizationJobError,
@@ -153,6 +154,7 @@ def test_secret_rows_are_a_seeded_prefix(rows, items, seed) -> None:
 def test_method_defaults_fit_the_default_setting() -> None:
     for method in memorization.memorization_names():
         items, bits = method_defaults(method)
+        assert DEFAULTS.get(method, (items, bits)) == (items, bits), method
         prepared = check_memorization_config(MemorizationConfig(method=method))
         assert prepared.layout.items == items and prepared.layout.value_bits == bits
 

@@ -68,7 +68,7 @@ __all__ = [
 
 DEFAULTS: dict[str, tuple[int, int]] = {
     "lsb": (100, 8),
-    "correlation": (50, 8),
+    "correlation": (100, 8),
     "sign": (40, 4),
     "capacity": (4, 4),
 }
@@ -82,8 +82,11 @@ accuracy released / honest 0.925):
 - lsb: 100/100 items recovered, bit accuracy 1.000, accuracy 0.925 (unchanged); lsb-entropy
   flags it (statistic 158,807 against 188; honest 84); re-quantised (7 mantissa bits): bit
   accuracy 0.50, 0 recovered, accuracy 0.925; 33 s before the honest-plan shortcut;
-- correlation: 45/50 recovered, bit accuracy 0.986, PSNR 81 dB, accuracy 0.942; the
-  correlation and sign-pattern checks flag it, none flags the honest model; 36 s;
+- correlation (100 8-bit images, `CorrelationEncoding.default_items`; its docstring has the
+  encoder's measurement on this setting: 100/100 recovered at λ_c = 1..1000): at the earlier
+  default of 50 images, 45/50 recovered, bit accuracy 0.986, PSNR 81 dB, accuracy 0.942; the
+  correlation and sign-pattern checks flag it, none flags the honest model; 36 s (the job's
+  run at 100 images not re-measured);
 - sign (4-bit pixels): 40/40 recovered, bit accuracy 0.99997, accuracy 0.939; sign-pattern
   flags it; 38 s;
 - capacity (4-bit pixels, ratio 2, the one-pixel generator): 4/4 recovered, bit accuracy

@@ -1,4 +1,4 @@
-"""Bit streams and recovery statistics of memorization attacks (Song et al. 2017, Sec. 6):
+"""Bit streams and recovery statistics of memorization attacks (Song et al. 2017):
 `to_bits`/`from_bits` round trips for every width 1..64 (hypothesis), most-significant-first
 order against numpy's `unpackbits` (8 bits) and Python's `format`, the statistics against
 direct numpy computations, ⌊log2 n⌋ against integer bit lengths, and one-line refusals."""

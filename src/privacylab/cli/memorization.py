@@ -54,7 +54,7 @@ def attack_memorization_command(
         typer.Option(
             "--bits",
             help="Size of the secret in bits: the whole items that fit (default: the method's "
-            "item count: lsb 100, correlation 50, sign 40, capacity 4 images).",
+            "item count: lsb 100, correlation 100, sign 40, capacity 4 images).",
         ),
     ] = None,
     pixel_bits: Annotated[

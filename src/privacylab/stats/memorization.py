@@ -1,4 +1,4 @@
-"""Recovery statistics of memorization attacks (Song, Ristenpart & Shmatikov, CCS 2017, Sec. 6):
+"""Recovery statistics of memorization attacks (Song, Ristenpart & Shmatikov, CCS 2017):
 bit streams in and out, bit accuracy, exact-match rate, mean absolute error, and the bits a
 label carries.
 
@@ -81,8 +81,10 @@ def exact_match_rate(true_rows: object, decoded_rows: object) -> float:
 
 
 def mean_absolute_error(true_rows: object, decoded_rows: object) -> np.ndarray:
-    """Mean absolute error per row (first axis), in the rows' own units (Song et al. 2017
-    report it for images with pixels in [0, 1], Sec. 6.2)."""
+    """Mean absolute error per row (first axis), in the rows' own units: Song et al. 2017's
+    mean absolute pixel error (MAPE) for images; their code (csong27/ml-model-remember)
+    reports it on the 0..255 pixel scale, so with pixels in [0, 1] multiply by 255 to
+    compare."""
     t = np.asarray(true_rows, dtype=np.float64)
     d = np.asarray(decoded_rows, dtype=np.float64)
     if t.ndim == 0 or len(t) == 0 or t.shape != d.shape:

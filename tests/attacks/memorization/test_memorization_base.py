@@ -1,4 +1,4 @@
-"""The memorization family's core (Song, Ristenpart & Shmatikov, CCS 2017, Sec. 3 and 6):
+"""The memorization family's core (Song, Ristenpart & Shmatikov, CCS 2017, Sec. 3):
 secret layouts and their validation, choosing a secret from training rows (images quantised
 within half a level, tabular rows bit-exact), the runner that shows the decoder only the
 public layout and attaches the truth afterwards (checked with fake decoders and closed-form

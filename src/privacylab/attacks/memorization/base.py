@@ -393,14 +393,16 @@ def channel_bits(bits: int, accuracy: float) -> float:
 
 @dataclass
 class MemorizationResult:
-    """One memorization attack's outcome (Song et al. 2017, Tables 2-6): the released model's
-    clean test accuracy beside an honestly trained model's, and what was recovered.
+    """One memorization attack's outcome (what Song et al. 2017 tabulate per attack): the
+    released model's clean test accuracy beside an honestly trained model's, and what was
+    recovered.
 
     `recovered`: items decoded nearer (MSE) to their original than to any other candidate row
     (the training set), i.e. recognisable; `exact_match`: share decoded value-exact;
     `bit_accuracy` over the secret's bit stream; `mae`/`psnr` (images, pixels in [0, 1]) means
-    over items; `recovered_bits` = bits × (1 - h(bit error)); per parameter (white-box) or per
-    query (black-box)."""
+    over items, an exact item counting 100 dB (tabular: `psnr` None, `mae` with non-finite
+    decoded values read as 0); `recovered_bits` = bits × (1 - h(bit error)); per parameter
+    (white-box) or per query (black-box)."""
 
     method: str
     threat_model: ThreatModel

@@ -182,16 +182,17 @@ class CapacityAbuse(MemorizationAttack):
 
     At ratio 0.5, 8-bit pixels (6,272 bits an image) do not fit: 5,250 bits hold no whole
     image (refused in one line). (*) `/work/bench18/capacity_grid.py mnist5k 3500 1 4 pixel 1
-    20` (other secret rows). (**) every decoded image's nearest training row is its own: the
-    base's `recovered` compares the decoding with the quantised original but with the raw
-    8-bit candidates, so a near-exact 4-bit decoding can sit nearer its raw row than its
-    quantised one and is not counted. The same queries to the honest model decode at bit
-    accuracy 0.36-0.39 (pixel: it answers the sparse inputs with a few classes, so no better
-    than a constant answer) and 0.53 (noise), recovering nothing. The default (pixel, ratio 2,
-    4 items of 4-bit pixels) costs no accuracy here (0.965 against 0.945) and trains on 7,682
-    rows, about 2.2 times the honest model's time. Noise inputs decode worse as more are
-    added (0.977 at 1,568 rows, 0.84-0.90 from 3,136), and repeating them helps (copies 2:
-    exact).
+    20` (other secret rows). (**) The table's `recovered` was counted before `run_memorization`
+    compared the candidates at the layout's quantisation: it compared the decoding with the
+    quantised original but with the raw 8-bit candidates, so a near-exact 4-bit decoding could
+    sit nearer its raw row than its quantised one, as here, where every decoded image's
+    nearest training row was its own (not re-measured since). The same queries to the honest
+    model decode at bit accuracy 0.36-0.39 (pixel: it answers the sparse inputs with a few
+    classes, so no better than a constant answer) and 0.53 (noise), recovering nothing. The
+    default (pixel, ratio 2, 4 items of 4-bit pixels) costs no accuracy here (0.965 against
+    0.945) and trains on 7,682 rows, about 2.2 times the honest model's time. Noise inputs
+    decode worse as more are added (0.977 at 1,568 rows, 0.84-0.90 from 3,136), and repeating
+    them helps (copies 2: exact).
 
     The job's default run, `privacylab attack memorization --method capacity --json` (its own
     split, seed 0): bit accuracy 1.0, 4 of 4 images recovered, 4,182 label queries, clean
