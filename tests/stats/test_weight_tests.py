@@ -81,6 +81,7 @@ def test_bonferroni_closed_form() -> None:
     log_p = np.log([0.5, 1e-6, 0.2, 0.9])
     assert bonferroni_log10(log_p) == pytest.approx(-math.log10(4e-6))
     assert bonferroni_log10(np.log([0.5, 0.9])) == 0.0
+    assert math.copysign(1.0, bonferroni_log10([0.0, -0.1])) == 1.0
 
 
 def _runs_direct(s: list[bool]) -> int:

@@ -120,8 +120,8 @@ def bonferroni_log10(log_p: object) -> float:
     lp = np.asarray(log_p, dtype=np.float64).ravel()
     if lp.size == 0:
         raise StatisticsError("no p-values to correct")
-    corrected = min(0.0, float(lp.min()) + math.log(lp.size))
-    return -corrected / math.log(10)
+    corrected = float(lp.min()) + math.log(lp.size)
+    return 0.0 if corrected >= 0 else -corrected / math.log(10)
 
 
 def runs_test(signs: object) -> tuple[float, float]:

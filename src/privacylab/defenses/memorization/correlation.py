@@ -28,7 +28,12 @@ import numpy as np
 from scipy import stats
 
 from privacylab.data import Dataset
-from privacylab.defenses.memorization.base import WeightCheck, register_weight_check, whole_number
+from privacylab.defenses.memorization.base import (
+    MemorizationDefenseError,
+    WeightCheck,
+    register_weight_check,
+    whole_number,
+)
 from privacylab.stats.weight_tests import block_correlations
 
 __all__ = ["CorrelationCheck"]
@@ -64,7 +69,10 @@ class CorrelationCheck(WeightCheck):
 
     def scan(self, vector: np.ndarray, data: Dataset | None) -> tuple[float, dict[str, Any]]:
         """(statistic, detail: largest |r|, its block's start and the row, pairs tested)."""
-        assert data is not None
+        if data is None:
+            raise MemorizationDefenseError(
+                f"{self.name}: the check needs the holder's training rows"
+            )
         rows = data.features.detach().cpu().numpy().reshape(len(data), -1)
         if self.max_rows is not None and len(rows) > self.max_rows:
             pick = np.random.default_rng(self.seed).choice(len(rows), self.max_rows, replace=False)
