@@ -389,6 +389,8 @@ def test_a_finished_result_is_reused_and_another_game_refused(games) -> None:
         ),
         ({"recipe": {"epochs": 0}}, "recipe epochs must be a whole number >= 1"),
         ({"recipe": {"epsilon": 2.0}}, "give the holder's ε with --epsilon"),
+        ({"device": "tpu"}, "unknown device 'tpu'; use cpu or cuda"),
+        ({"device": ""}, "unknown device ''; use cpu or cuda"),
     ],
 )
 def test_refusals_are_one_line_before_any_work(tmp_path, changes, message) -> None:

@@ -144,6 +144,24 @@ def _positive(name: str, value: object) -> float:
 # ----------------------------------------------------------------------------- configuration
 
 
+def _device(name: object) -> torch.device:
+    """`name` as a torch device this machine has (cpu, cuda, cuda:N), else one line."""
+    try:
+        device = torch.device(name) if isinstance(name, str) and name else None
+    except (RuntimeError, TypeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise MemorizationJobError(f"unknown device {name!r}; use cpu or cuda")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise MemorizationJobError(
+                f"device {name} was asked for but no CUDA device is available"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise MemorizationJobError(f"no CUDA device {device.index} on this machine")
+    return device
+
+
 @dataclass
 class MemorizationConfig:
     """One memorization game: `dataset` (an embedded image or tabular dataset), `method` (a
@@ -199,10 +217,7 @@ class MemorizationConfig:
         _whole("--train-size", self.train_size, 1)
         _whole("--test-size", self.test_size, 1)
         _whole("--seed", self.seed, 0)
-        if not isinstance(self.device, str) or not self.device:
-            raise MemorizationJobError(
-                f"device must be a name such as cpu or cuda, got {self.device!r}"
-            )
+        _device(self.device)
         if self.recipe is not None and not isinstance(self.recipe, dict):
             raise MemorizationJobError(
                 f"recipe must be an object of VictimRecipe fields, got {self.recipe!r}"
