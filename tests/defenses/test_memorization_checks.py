@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import numpy as np
 import pytest
@@ -286,3 +287,18 @@ def test_detector_width_mismatches_are_one_line(setting) -> None:  # type: ignor
     fitted = QueryAnomalyDetector().fit(train.features[:200])
     with pytest.raises(MemorizationDefenseError, match="inputs of 5 values"):
         fitted.filter_training(torch.zeros(2, 5))
+
+
+@pytest.mark.parametrize("name", sorted(ENCODINGS))
+def test_default_threshold_follows_the_documented_calibration(name) -> None:  # type: ignore[no-untyped-def]
+    """Each check's docstring lists the 20 honest statistics that calibrated it: the stated
+    rule max(mean + 4 sd, 1.25 max), rounded up, gives the default threshold."""
+    cls = WEIGHT_CHECKS.get(name)
+    doc = " ".join((cls.__doc__ or "").split())
+    head = re.search(r"Threshold (\d+), calibrated", doc)
+    values = re.search(r"statistics ((?:[\d.]+, )+[\d.]+); mean", doc)
+    assert head and values, doc
+    honest = np.array([float(v) for v in values.group(1).split(", ")])
+    assert len(honest) == 20 and float(head.group(1)) == cls.default_threshold
+    rule = max(honest.mean() + 4 * honest.std(ddof=1), 1.25 * honest.max())
+    assert math.ceil(rule - 0.05) == cls.default_threshold
