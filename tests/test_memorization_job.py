@@ -346,6 +346,33 @@ def test_a_kill_during_training_resumes_from_the_checkpoint(games, monkeypatch, 
     assert not (folder / "checkpoints").exists()
 
 
+def test_a_kill_while_reporting_leaves_no_result_and_the_rerun_reports(
+    games, monkeypatch, tmp_path
+):
+    """result.json marks a finished run, so it is written after the report: killed while
+    reporting, the folder has none, and the re-run (no training) writes both."""
+    import privacylab.report.memorization as report
+
+    source, result = games["sign"]
+    folder = tmp_path / "copy"
+    shutil.copytree(source, folder)
+    for name in ("result.json", "results.json", "index.html"):
+        (folder / name).unlink()
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise _Killed
+
+    monkeypatch.setattr(report, "add_memorization_run", killed)
+    with pytest.raises(_Killed):
+        run_memorization_job(tiny(method="sign", **SETTINGS["sign"]), folder)
+    assert not (folder / "result.json").exists()
+    monkeypatch.undo()
+    again = run_memorization_job(tiny(method="sign", **SETTINGS["sign"]), folder)
+    assert (folder / "index.html").is_file() and (folder / "results.json").is_file()
+    assert json.loads((folder / "result.json").read_text()) == again
+    assert again["bit_accuracy"] == result["bit_accuracy"]
+
+
 def test_a_finished_result_is_reused_and_another_game_refused(games) -> None:
     folder, result = games["lsb"]
     assert run_memorization_job(tiny(), folder) == result

@@ -718,7 +718,9 @@ def run_memorization_job(
     (capacity: the share of the decoder's queries the detector flags, its FPR on held-out
     rows, and what the decoder gets through the blocking monitor). All input checks run before
     any training; a killed run resumes from its checkpoints, finished models and a finished
-    result are reused; a folder holding another game is refused."""
+    result are reused (result.json is written last, after the report, so a run killed before
+    it decodes and reports again from the saved models); a folder holding another game is
+    refused."""
     from privacylab.attacks.memorization import choose_secret, train_honest
 
     prepared = check_memorization_config(config)
@@ -794,8 +796,10 @@ def run_memorization_job(
         "requantized": requantized,
         "query_detector": detector,
     }
-    _write_json(done_path, result)
-    finished = _read_json(done_path)
+    from privacylab.report.jsonable import json_ready
+
+    finished = json.loads(json.dumps(json_ready(result), allow_nan=False))
     entry = {**finished, "label": _label(config, layout), "images": _images(outcome, again)}
     _add_to_report(folder, entry, progress)
+    _write_json(done_path, finished)
     return finished
