@@ -373,6 +373,37 @@ def test_a_kill_while_reporting_leaves_no_result_and_the_rerun_reports(
     assert again["bit_accuracy"] == result["bit_accuracy"]
 
 
+def test_the_decoder_is_not_the_encoding_instance(games, monkeypatch, tmp_path) -> None:
+    """The provider's decoder runs apart from its training code: the job decodes with a fresh
+    attack, so nothing `encode` kept on its instance (the secret) reaches `run`."""
+    from privacylab.attacks.memorization.lsb import LSBEncoding
+
+    source, result = games["lsb"]
+    folder = tmp_path / "copy"
+    shutil.copytree(source, folder)
+    (folder / "result.json").unlink()
+    shutil.rmtree(folder / "model")
+    encoders, decoders = [], []
+    encode, run = LSBEncoding.encode, LSBEncoding.run
+
+    def spy_encode(self, secret, *args, **kwargs):
+        encoders.append(self)
+        self.stash = secret
+        return encode(self, secret, *args, **kwargs)
+
+    def spy_run(self, target, task):
+        decoders.append(self)
+        assert not hasattr(self, "stash")
+        return run(self, target, task)
+
+    monkeypatch.setattr(LSBEncoding, "encode", spy_encode)
+    monkeypatch.setattr(LSBEncoding, "run", spy_run)
+    again = run_memorization_job(tiny(), folder)
+    assert len(encoders) == 1 and len(decoders) == 2
+    assert all(d is not encoders[0] for d in decoders)
+    assert again["bit_accuracy"] == result["bit_accuracy"] == 1.0
+
+
 def test_a_finished_result_is_reused_and_another_game_refused(games) -> None:
     folder, result = games["lsb"]
     assert run_memorization_job(tiny(), folder) == result

@@ -547,10 +547,19 @@ def _decode(
     honest: float,
     monitor: Any = None,
 ) -> Any:
-    from privacylab.attacks.memorization import MemorizationTask, run_memorization
+    """The provider's decoding of `model`, then scored: a fresh attack of the config's method
+    and options (nothing the encoding instance kept reaches it), a `Target` at the attack's
+    access, and the public `MemorizationTask`; the truth (`secret`, the training rows as
+    candidates) reaches only `run_memorization`'s scoring."""
+    from privacylab.attacks.memorization import (
+        MemorizationTask,
+        make_memorization,
+        run_memorization,
+    )
     from privacylab.target import Target
 
     data = prepared.data
+    decoder = make_memorization(config.method, **(config.attack_options or {}))
     target = Target(
         model, prepared.attack.threat_model.access, data.num_classes, device=config.device
     )
@@ -560,7 +569,7 @@ def _decode(
         prepared.layout, tuple(data.input_shape), data.num_classes, key=config.seed
     )
     return run_memorization(
-        prepared.attack,
+        decoder,
         target,
         task,
         secret,
