@@ -12,9 +12,9 @@ Bonferroni-corrected smallest window p-value (`bonferroni_log10`).
 Honest models are not exactly uniform there: weights that never receive a gradient (first-layer
 weights of pixels that are 0 in every training image) keep their initial values, whose low
 bits are far from uniform (the victim MLP freshly initialised by torch's uniform rule scores
-1,275-1,292 on this statistic, seeds 0-2; measured). The threshold is calibrated on trained models of the
-victim recipe; a model trained for far fewer steps, or with frozen layers, keeps more of its
-initialisation and needs its own calibration.
+1,275-1,292 on this statistic, seeds 0-2; measured). The threshold is calibrated on trained
+models of the victim recipe; a model trained for far fewer steps, or with frozen layers, keeps
+more of its initialisation and needs its own calibration.
 
 Evaded by: a secret encrypted, or XORed with a pseudo-random key stream the decoder knows,
 before it is written — its bits are then uniform.
