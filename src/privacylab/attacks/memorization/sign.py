@@ -26,8 +26,9 @@ bits from parameter 0; script /work/bench18/h2_default.py, one seed; honest test
 No accuracy cost at any of them (the sign penalty only acts on wrong-signed weights).
 Under DP-SGD (`recipe.private(8)`: σ = 1.03, Poisson batches of 256, clip 1, 20 epochs,
 λ_s = 100 through each secret row's own loss, `_penalty`): accuracy 0.906 (honest DP model
-0.904), 0/40 recovered, bit accuracy 0.498 — chance (28 CPU-minutes on the loaded machine:
-per-example vmap gradients of 535k parameters).
+0.904), 0/40 recovered, bit accuracy 0.498 — chance; at ε = 1 (σ = 4.71) accuracy 0.828
+(honest DP 0.829), 0/40, bit accuracy 0.497 (script /work/bench18/h2_dp.py; 7-28 minutes a
+model on the loaded machine: per-example vmap gradients of 535k parameters).
 The default λ_s = 100 is the smallest of these that decodes (almost) every bit, and also
 the one that writes > 95 % of the bits on the small digits MLP of the tests.
 """
