@@ -121,3 +121,5 @@ def test_refusals(tmp_path) -> None:
     assert "--option must be KEY=VALUE" in _refused(tmp_path, *TINY, "--option", "bits")
     assert "lsb: bits" in _refused(tmp_path, *TINY, "--option", "bits=40")
     assert "unknown device" in _refused(tmp_path, *TINY, "--device", "tpu")
+    if not torch.cuda.is_available():
+        assert "no CUDA device is available" in _refused(tmp_path, *TINY, "--device", "cuda")

@@ -272,7 +272,9 @@ class MaliciousTraining:
     (anything `train` accepts); `regularizer` and `loss_fn` the trainer's hooks (None: none /
     cross-entropy); `release(trained)` turns the trained module into the model released
     (unwraps, and writes LSBs); `clipping` the DP-SGD clipping mode it needs, if any
-    (a wrapper that computes a term of its own weights needs per-example `vmap` gradients)."""
+    (a wrapper that computes a term of its own weights needs per-example `vmap` gradients);
+    `extra_rows` the synthetic rows appended to the holder's rows in `data` (capacity abuse,
+    Sec. 5; 0: none)."""
 
     model: nn.Module
     data: Any

@@ -32,7 +32,7 @@ the privacy guarantee of DP-SGD covers the training algorithm, and this code run
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -191,7 +191,3 @@ class LSBEncoding(MemorizationAttack):
         layout = task.layout
         stream = read_lsb(parameter_vector(model), layout.total_bits, self.bits, self.offset)
         return Decoded(layout.bits_to_values(stream), stream)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The attack's name and options, JSON-ready."""
-        return {"name": self.name, "bits": self.bits, "offset": self.offset}
