@@ -30,15 +30,8 @@ from privacylab.cli._common import (
     _writable_folder,
 )
 from privacylab.cli.attack import attack_app
-from privacylab.cli.backdoor import _options, _recipe
-
-
-def _pct(value: Any) -> str:
-    return "-" if value is None else f"{100 * float(value):.1f}%"
-
-
-def _num(value: Any, digits: int = 2) -> str:
-    return "-" if value is None else f"{float(value):.{digits}f}"
+from privacylab.cli.backdoor import _options, _pct, _recipe
+from privacylab.cli.defend import _num
 
 
 @attack_app.command("memorization")
