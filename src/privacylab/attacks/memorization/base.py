@@ -402,9 +402,9 @@ class MemorizationResult:
     `recovered`: items decoded nearer (MSE) to their original than to any other candidate row
     (the training set), i.e. recognisable; `exact_match`: share decoded value-exact;
     `bit_accuracy` over the secret's bit stream; `mae`/`psnr` (images, pixels in [0, 1]) means
-    over items, an exact item counting 100 dB (tabular: `psnr` None, `mae` with non-finite
-    decoded values read as 0); `recovered_bits` = bits × (1 - h(bit error)); per parameter
-    (white-box) or per query (black-box)."""
+    over items, an exact item counting `stats.images.PSNR_CAP` = 100 dB (tabular: `psnr`
+    None, `mae` with non-finite decoded values read as 0); `recovered_bits` = bits × (1 -
+    h(bit error)); per parameter (white-box) or per query (black-box)."""
 
     method: str
     threat_model: ThreatModel
@@ -507,7 +507,7 @@ def run_memorization(
         errors = mean_absolute_error(original, recovered_data)
         mae = float(errors.mean())
         quality = psnr(recovered_data.reshape(len(values), *layout.item_shape), original)
-        psnr_mean = float(np.mean(np.minimum(quality, 100.0)))
+        psnr_mean = float(np.mean(quality))
     else:
         finite = np.where(np.isfinite(recovered_data), recovered_data, 0.0)
         mae = float(mean_absolute_error(original, finite).mean())
