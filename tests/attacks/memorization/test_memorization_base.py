@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from fractions import Fraction
 from typing import ClassVar
 
 import numpy as np
@@ -349,6 +350,36 @@ def test_recognised_against_brute_force() -> None:
     )
     assert 0 < count < 300
     assert _recognised(original, original, pool) == 300
+
+
+def test_recognised_wild_decodings_against_exact_arithmetic() -> None:
+    """Float32 rows read from noise (values up to 3e38) against an exact-rational oracle:
+    MSE(d, c) - MSE(d, o) is decided exactly, not lost in the cancellation of d^2 terms
+    (which counted every such row as recognised); non-finite decodings never count."""
+    rng = np.random.default_rng(1)
+    pool = rng.normal(size=(12, 5)).astype(np.float32).astype(np.float64)
+    original = pool[:8]
+    scale = 10.0 ** rng.uniform(-3, 38, size=original.shape)
+    decoded = (original + rng.choice([-1.0, 1.0], size=original.shape) * scale).astype(np.float32)
+    decoded = decoded.astype(np.float64)
+    decoded[6] = original[6]
+    decoded[7] = original[7] + 1e-4
+
+    def exact(d: np.ndarray, o: np.ndarray) -> int:
+        def mse(a: np.ndarray, b: np.ndarray) -> Fraction:
+            return sum((Fraction(x) - Fraction(y)) ** 2 for x, y in zip(a, b, strict=True))
+
+        return int(all(mse(d, o) <= mse(d, c) for c in pool))
+
+    expected = sum(exact(d, o) for d, o in zip(decoded, original, strict=True))
+    assert _recognised(decoded, original, pool) == expected
+    assert 2 <= expected < 8
+    wild = np.tile(original[:1] + 1e30, (3, 1))
+    assert _recognised(wild, original[:3], pool) == 0
+    broken = original.copy()
+    broken[0, 0], broken[1, 2] = np.inf, np.nan
+    assert _recognised(broken, original, pool) == 6
+    assert _recognised(broken, original, None) == 6
 
 
 def test_recognised_rules() -> None:

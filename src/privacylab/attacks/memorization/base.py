@@ -455,18 +455,27 @@ class MemorizationResult:
 
 def _recognised(decoded: np.ndarray, original: np.ndarray, candidates: np.ndarray | None) -> int:
     """Items whose decoding is nearer (MSE) to their own original than to any other candidate;
-    without candidates, the value-exact ones."""
-    flat_d = decoded.reshape(len(decoded), -1)
-    flat_o = original.reshape(len(original), -1)
+    without candidates, the value-exact ones. With e = decoded - original, the gap
+    MSE(d, c) - MSE(d, o) = mean((c - o)^2) - 2 mean(e (c - o)) is computed without squaring e,
+    so a wild decoding (float32 rows read from noise: values up to 3e38) is compared exactly
+    rather than through the cancellation of d^2 terms; a non-finite decoding is never
+    recognised."""
+    flat_d = decoded.reshape(len(decoded), -1).astype(np.float64)
+    flat_o = original.reshape(len(original), -1).astype(np.float64)
+    finite = np.all(np.isfinite(flat_d), axis=1)
     if candidates is None:
-        return int(np.sum(np.all(flat_d == flat_o, axis=1)))
+        return int(np.sum(finite & np.all(flat_d == flat_o, axis=1)))
     pool = np.asarray(candidates, dtype=np.float64).reshape(len(candidates), -1)
-    own = ((flat_d - flat_o) ** 2).mean(1)
+    width = pool.shape[1]
+    pool_sq = (pool**2).mean(1)[None, :]
     count = 0
     for start in range(0, len(flat_d), 256):
-        d = flat_d[start : start + 256]
-        dist = (d**2).mean(1)[:, None] - 2 * d @ pool.T / pool.shape[1] + (pool**2).mean(1)[None, :]
-        count += int(np.sum(own[start : start + 256] <= dist.min(1) + 1e-12))
+        rows = slice(start, start + 256)
+        o, ok = flat_o[rows], finite[rows]
+        e = np.where(ok[:, None], flat_d[rows] - o, 0.0)
+        spread = pool_sq - 2 * (o @ pool.T) / width + (o**2).mean(1)[:, None]
+        pull = 2 * ((e @ pool.T) / width - (e * o).mean(1)[:, None])
+        count += int(np.sum(ok & ((spread - pull).min(1) >= -1e-12)))
     return count
 
 
