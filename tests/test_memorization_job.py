@@ -151,6 +151,14 @@ def test_secret_rows_are_a_seeded_prefix(rows, items, seed) -> None:
     assert np.array_equal(chosen, more[:items]) and len(set(chosen.tolist())) == items
 
 
+def test_delta_reaches_the_training() -> None:
+    """--delta is the δ DP-SGD trains at (it was reported but the recipe's 1e-5 was used)."""
+    recipe = tiny(method="sign", epsilon=8.0, delta=1e-6).victim_recipe()
+    assert recipe.delta == 1e-6 and recipe.epsilon == 8.0
+    privacy = recipe.config(0).privacy
+    assert privacy is not None and privacy.delta == 1e-6 and privacy.epsilon == 8.0
+
+
 def test_method_defaults_fit_the_default_setting() -> None:
     for method in memorization.memorization_names():
         items, bits = method_defaults(method)
@@ -447,6 +455,8 @@ def test_a_finished_result_is_reused_and_another_game_refused(games) -> None:
         ),
         ({"recipe": {"epochs": 0}}, "recipe epochs must be a whole number >= 1"),
         ({"recipe": {"epsilon": 2.0}}, "give the holder's ε with --epsilon"),
+        ({"recipe": {"delta": 1e-3}}, "give the holder's δ with --delta"),
+        ({"recipe": {"lr": "x"}}, "bad victim recipe: learning rate must be a number"),
         ({"device": "tpu"}, "unknown device 'tpu'; use cpu or cuda"),
         ({"device": ""}, "unknown device ''; use cpu or cuda"),
     ],

@@ -230,21 +230,29 @@ class MemorizationConfig:
         return self
 
     def victim_recipe(self) -> Any:
-        """The holder's `VictimRecipe`: the defaults, `recipe`'s overrides, at `epsilon`."""
+        """The holder's `VictimRecipe`: the defaults, `recipe`'s overrides, at (`epsilon`,
+        `delta`); its trainer configuration checked here (one line), before any work."""
         from privacylab.attacks.poisoning import PoisonError
         from privacylab.attacks.poisoning.recipe import VictimRecipe
 
-        if (self.recipe or {}).get("epsilon", self.epsilon) != self.epsilon:
-            raise MemorizationJobError(
-                "bad victim recipe: give the holder's ε with --epsilon, not in it"
-            )
+        overrides = self.recipe or {}
+        for key, flag, value in (("epsilon", "ε", self.epsilon), ("delta", "δ", self.delta)):
+            if overrides.get(key, value) != value:
+                raise MemorizationJobError(
+                    f"bad victim recipe: give the holder's {flag} with --{key}, not in it"
+                )
         try:
-            recipe = VictimRecipe.from_dict({**VictimRecipe().to_dict(), **(self.recipe or {})})
+            recipe = VictimRecipe.from_dict({**VictimRecipe().to_dict(), **overrides})
         except (PoisonError, TypeError) as error:
             raise MemorizationJobError(f"bad victim recipe: {error}") from None
         _whole("recipe epochs", recipe.epochs, 1)
         _whole("recipe batch_size", recipe.batch_size, 1)
-        return recipe.private(self.epsilon)
+        recipe = replace(recipe.private(self.epsilon), delta=self.delta)
+        try:
+            recipe.config(self.seed).validate()
+        except PrivacylabError as error:
+            raise MemorizationJobError(f"bad victim recipe: {error}") from None
+        return recipe
 
     def identity(self) -> dict[str, Any]:
         """The fields that decide the folder's models and numbers: all but the device, with
