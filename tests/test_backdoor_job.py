@@ -104,6 +104,7 @@ def test_split_rows_are_disjoint_and_cover_every_row(rows, train, test, seed) ->
 def test_config_round_trip_and_one_line_refusals() -> None:
     config = tiny(epsilon=2.0, attack_options={"neurons": 2})
     assert BackdoorConfig.from_dict(config.to_dict()) == config
+    assert tiny(epsilon=2.0, delta=1e-7).victim_recipe().delta == 1e-7
     with pytest.raises(BackdoorError, match="unknown backdoor config keys: colour"):
         BackdoorConfig.from_dict({**config.to_dict(), "colour": 1})
     refusals = {
@@ -120,6 +121,7 @@ def test_config_round_trip_and_one_line_refusals() -> None:
         "--delta must be in \\(0, 1\\)": tiny(delta=1.0),
         "--epsilon must be a finite number > 0": tiny(epsilon=math.inf),
         "bad victim recipe: unknown victim recipe keys: depth": tiny(recipe={"depth": 3}),
+        "give the victim's δ with --delta": tiny(epsilon=2.0, recipe={"delta": 1e-3}),
         "recipe epochs must be a whole number >= 1": tiny(recipe={"epochs": 0}),
         "uses no trigger": tiny(method="clip-poison", trigger="square:2@corner"),
         "have their own options \\(--trigger": tiny(attack_options={"trigger": "x"}),

@@ -244,13 +244,15 @@ class BackdoorConfig:
 
         if (self.recipe or {}).get("epsilon", self.epsilon) != self.epsilon:
             raise BackdoorError("bad victim recipe: give the victim's ε with --epsilon, not in it")
+        if "delta" in (self.recipe or {}):
+            raise BackdoorError("bad victim recipe: give the victim's δ with --delta, not in it")
         try:
             recipe = VictimRecipe.from_dict({**VictimRecipe().to_dict(), **(self.recipe or {})})
         except (PoisonError, TypeError) as error:
             raise BackdoorError(f"bad victim recipe: {error}") from None
         _whole("recipe epochs", recipe.epochs, 1)
         _whole("recipe batch_size", recipe.batch_size, 1)
-        return recipe.private(self.epsilon)
+        return replace(recipe.private(self.epsilon), delta=self.delta)
 
     def poison_budget(self, clean_rows: int) -> int:
         """How many rows the attacker injects into `clean_rows` victim rows: `poisons`, or
