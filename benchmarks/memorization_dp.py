@@ -20,7 +20,34 @@ recovered, MAE, PSNR — and the same decoder on the honest model of the same ε
 Models and rows are cached in `--store` (the table's cache; resumable).
 
     OMP_NUM_THREADS=1 python benchmarks/memorization_dp.py --store /work/bench18/h6
-        [--epsilons 1 8 none] [--seeds 0] [--quick] [--json]
+        [--epsilons 1 8 none] [--seeds 0] [--scales 1] [--quick] [--json]
+
+Measured (seed 0; δ = 1e-5; `t/t_hon`: CPU-seconds of the malicious training over the honest
+non-private model's 10 CPU-s, one thread; `hon bit`: the decoder on the honest model of the
+same ε):
+
+     eps  spent method      setting  acc hon acc enc   Δacc   recov bit acc  PSNR hon bit t/t_hon
+       1   1.00 capacity    4-bit x4   0.809   0.772 -0.037     0/4   0.870   9.8   0.470    1.23
+       8   7.99 capacity    4-bit x4   0.880   0.854 -0.026     0/4   0.870   9.8   0.318    1.89
+     inf      - capacity    4-bit x4   0.925   0.942 +0.017     4/4   1.000 100.0   0.437    2.42
+       1   1.00 correlation λ=1        0.809   0.806 -0.003   0/100   0.501   6.0   0.501   31.66
+       8   7.99 correlation λ=1        0.880   0.884 +0.004   0/100   0.501   6.0   0.501   34.62
+     inf      - correlation λ=1        0.925   0.939 +0.014 100/100   0.992  85.8   0.501    1.33
+       1   1.00 sign        λ=100      0.809   0.809 +0.000    0/40   0.498   4.8   0.495   23.98
+       8   7.99 sign        λ=100      0.880   0.889 +0.009    0/40   0.500   4.8   0.493   21.81
+     inf      - sign        λ=100      0.925   0.939 +0.014   40/40   1.000  94.3   0.515    1.42
+
+DP-SGD at ε = 8 and at ε = 1 leaves nothing of any of the three encodings: correlation and
+sign decode at chance (bit accuracy 0.50, PSNR 5-6, no image recognisable) where they
+recover every image without DP, and capacity abuse's labels on its synthetic inputs carry
+nothing (bit accuracy 0.870 = the secret's share of 0 bits: the model answers the synthetic
+inputs with labels whose bits are mostly 0; no image recovered) where it decodes exactly
+without DP — at the price DP-SGD costs any model here (0.809 at ε = 1 and 0.880 at ε = 8
+against 0.925). This is the expected behaviour, not a margin: the per-example penalty of a
+secret row is clipped to norm 1 with its gradient and drowned in noise of std σ·1 (σ = 4.7
+at ε = 1, 1.03 at ε = 8) over 256-row batches, while an encoding needs each parameter pushed
+consistently. DP-SGD with per-example vmap gradients (correlation, sign) cost 22-35x the
+honest training's CPU time; capacity abuse trains under the default ghost clipping.
 """
 
 from __future__ import annotations
