@@ -31,6 +31,50 @@ unit is one JSON file under `<store>/results/checks-*`.
     OMP_NUM_THREADS=1 python benchmarks/memorization_checks.py --store /work/bench18/h6
         [--seeds 0-19] [--encoded-seeds 0 1 2] [--parts fpr detect sanitize queries]
         [--quick] [--json]
+
+Measured (checks' thresholds as calibrated on seeds 100..119; models as in
+`memorization_table.py`):
+
+1. False positives, honest models of seeds 0..19 (test accuracy 0.925-0.960, mean 0.946):
+
+       check          threshold  flagged  FPR    FPR <= (95 %)  statistic mean / max
+       correlation           63     0/20  0.000  0.139          37 / 40.4
+       lsb-entropy          188     0/20  0.000  0.139          86 / 140
+       sign-pattern         143     0/20  0.000  0.139          107 / 125
+
+   (0 of 20 meets "<= 5 %"; 20 models bound the rate only below 13.9 % at 95 %.)
+2. Detection (rate; mean statistic), table settings at seed 0, job defaults on seeds 0-2:
+
+       encoding                      lsb-entropy      correlation     sign-pattern
+       lsb b=8/16/20, default x3     1.00 (1.6e5)     0.00 (37)       0.00 (111)
+       correlation λ=0.3/1/3, def.   0.00 (37-59)     1.00 (1.3e4+)   1.00 (579-594)
+       correlation fill λ=1, 3       1.00 (4.1e3)     1.00 (4.7e4)    1.00 (583-597)
+       sign λ=30/100/300, default    0.00 (35-51)     0.00 (39-51)    1.00 (674-692)
+       sign fill λ=100, 300          0.00 (20-31)     0.00 (38-51)    1.00 (731-747)
+       capacity (all settings)       0.00             0.00            0.00
+
+   Every white-box encoding is flagged by the check written for it (and correlation also by
+   sign-pattern); capacity abuse leaves no trace in the weights — its check is the query
+   detector (4).
+3. Sanitisers (test accuracy unchanged within 0.001 everywhere; the honest model's 0.925
+   too). The default `requantize` keeps the top 7 of the 23 mantissa bits and randomises the
+   rest: LSB decoding falls to chance at b = 8 and 16 (bit accuracy 0.500, 0 images) and to
+   0.600 at b = 20, whose payload reaches 4 kept bits: (4 + 16/2)/20 = 0.6 (927 of 1,708
+   images still recognisable). Keeping 16 mantissa bits leaves (1 + 7/2)/8 = 0.562,
+   0.781 and 0.825 at b = 8, 16, 20 and every image recognisable (the pixels' high bits sit
+   above bit 7). Weight noise of std 1e-3 takes every LSB payload to 0.50 (0-1 images).
+   float16/bfloat16 round trips zero the low bits: bit accuracy 0.88-0.91 is the secret's
+   share of 0 bits, 0-24 images. Correlation and sign encodings survive every sanitiser
+   (correlation 0.99 -> 0.95 at 7 mantissa bits, 0.75 under noise 1e-3, all 100 images still
+   recognised; sign 1.00 -> 0.98-1.00), as does capacity abuse (labels unchanged).
+4. Query anomaly detector (cosine 5-NN distance to the training inputs, threshold at 1 % FPR
+   on the 300 held-out rows): FPR 0.009 on the 1,000 test rows; TPR 1.000 on the default
+   capacity secret's 4,182 synthetic inputs of either generator (pixel, noise). Through a
+   Target whose monitor refuses flagged batches, the decoder's first block of 1,024 queries
+   is refused (QueryRefused) and nothing is decoded; refusing each flagged query alone and
+   guessing its label leaves bit accuracy 0.503 (the secret's share of 0 bits is 0.870, so
+   guessing 0 would do better — the defence removes the information, not the prior). As a
+   training filter it drops 100 % of the synthetic rows and 0.9 % of the real ones.
 """
 
 from __future__ import annotations
