@@ -55,6 +55,7 @@ LAYERS: dict[str, int] = {
     "lm_membership": 7,
     "dpforward": 7,
     "embedding": 7,
+    "jobfiles": 7,
     "backdoor": 7,
     "memorize": 7,
     "byo": 8,
@@ -74,6 +75,8 @@ SAME_LAYER: dict[tuple[str, str], str] = {
     ("lm_exposure", "lm"): "LM attack jobs load model and corpus with the LM job's loader",
     ("lm_membership", "lm"): "LM attack jobs load model and corpus with the LM job's loader",
     ("embedding", "dpforward"): "embedding attacks load their target with the DP-Forward loader",
+    ("backdoor", "jobfiles"): "resumable jobs share their run-folder files and option checks",
+    ("memorize", "jobfiles"): "resumable jobs share their run-folder files and option checks",
 }
 """Same-layer edges that are allowed, with why."""
 

@@ -41,8 +41,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import inspect
-import json
-import math
 import os
 import shutil
 import time
@@ -57,6 +55,15 @@ from torch import Tensor, nn
 
 from privacylab.data import Dataset, load_dataset
 from privacylab.errors import PrivacylabError
+from privacylab.jobfiles import (
+    model_saved,
+    positive,
+    read_json,
+    tick,
+    trainer_summary,
+    whole,
+    write_json,
+)
 
 __all__ = [
     "CONTRASTIVE_METHODS",
@@ -130,20 +137,6 @@ class BackdoorError(PrivacylabError, ValueError):
 # ----------------------------------------------------------------------------- configuration
 
 
-def _whole(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise BackdoorError(f"{name} must be a whole number >= {low}, got {value!r}")
-    return int(value)
-
-
-def _positive(name: str, value: object) -> float:
-    real = isinstance(value, int | float | np.floating) and not isinstance(value, bool)
-    number = float(value) if real else math.nan  # type: ignore[arg-type]
-    if not (math.isfinite(number) and number > 0):
-        raise BackdoorError(f"{name} must be a finite number > 0, got {value!r}")
-    return number
-
-
 @dataclass
 class BackdoorConfig:
     """One backdoor game: `dataset` (an embedded image dataset), `method` (one of `METHODS`),
@@ -189,7 +182,7 @@ class BackdoorConfig:
             if self.poison_rate is not None:
                 check_poison_rate(self.poison_rate)
             if self.poisons is not None:
-                _whole("--poisons", self.poisons, 1)
+                whole(BackdoorError, "--poisons", self.poisons, 1)
         if self.trigger is not None:
             if not isinstance(self.trigger, str):
                 raise BackdoorError(f"trigger must be a spec string, got {self.trigger!r}")
@@ -202,20 +195,20 @@ class BackdoorConfig:
             raise BackdoorError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
         if self.mode != "all-to-one" and self.method != "badnets":
             raise BackdoorError(f"--mode {self.mode} applies to badnets only")
-        _whole("--target-class", self.target_class, 0)
+        whole(BackdoorError, "--target-class", self.target_class, 0)
         if self.epsilon is not None:
-            _positive("--epsilon", self.epsilon)
+            positive(BackdoorError, "--epsilon", self.epsilon)
             if self.method in CONTRASTIVE_METHODS:
                 raise BackdoorError(
                     "--epsilon trains a DP-SGD classifier victim (badnets, trojan); the "
                     "contrastive model trains without it"
                 )
-        delta = _positive("--delta", self.delta)
+        delta = positive(BackdoorError, "--delta", self.delta)
         if not delta < 1:
             raise BackdoorError(f"--delta must be in (0, 1), got {self.delta!r}")
-        _whole("--train-size", self.train_size, 1)
-        _whole("--test-size", self.test_size, 1)
-        _whole("--seed", self.seed, 0)
+        whole(BackdoorError, "--train-size", self.train_size, 1)
+        whole(BackdoorError, "--test-size", self.test_size, 1)
+        whole(BackdoorError, "--seed", self.seed, 0)
         if not isinstance(self.device, str) or not self.device:
             raise BackdoorError(f"device must be a name such as cpu or cuda, got {self.device!r}")
         if self.recipe is not None and not isinstance(self.recipe, dict):
@@ -244,14 +237,14 @@ class BackdoorConfig:
 
         if (self.recipe or {}).get("epsilon", self.epsilon) != self.epsilon:
             raise BackdoorError("bad victim recipe: give the victim's ε with --epsilon, not in it")
-        if "delta" in (self.recipe or {}):
+        if (self.recipe or {}).get("delta", self.delta) != self.delta:
             raise BackdoorError("bad victim recipe: give the victim's δ with --delta, not in it")
         try:
             recipe = VictimRecipe.from_dict({**VictimRecipe().to_dict(), **(self.recipe or {})})
         except (PoisonError, TypeError) as error:
             raise BackdoorError(f"bad victim recipe: {error}") from None
-        _whole("recipe epochs", recipe.epochs, 1)
-        _whole("recipe batch_size", recipe.batch_size, 1)
+        whole(BackdoorError, "recipe epochs", recipe.epochs, 1)
+        whole(BackdoorError, "recipe batch_size", recipe.batch_size, 1)
         return replace(recipe.private(self.epsilon), delta=self.delta)
 
     def poison_budget(self, clean_rows: int) -> int:
@@ -383,30 +376,13 @@ def split_rows(rows: int, config: BackdoorConfig) -> dict[str, np.ndarray]:
 # -------------------------------------------------------------------------------- files
 
 
-def _write_json(path: Path, payload: Any) -> None:
-    from privacylab.report.jsonable import json_ready
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(json_ready(payload), allow_nan=False, indent=1) + "\n")
-    os.replace(partial, path)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise BackdoorError(f"cannot read {path}: {first}") from None
-
-
 def _claim(folder: Path, config: BackdoorConfig) -> None:
     """Write config.json (the victim's recipe written out in full, so that the folder
     keeps its own recipe if the defaults change), or check the folder's own is the same game
     (one line if not)."""
     path = folder / CONFIG_FILE
     if path.exists():
-        saved = BackdoorConfig.from_dict(_read_json(path))
+        saved = BackdoorConfig.from_dict(read_json(path, BackdoorError))
         if saved.identity() != config.identity():
             other = saved.identity()
             changed = sorted(k for k, v in config.identity().items() if other.get(k) != v)
@@ -418,7 +394,7 @@ def _claim(folder: Path, config: BackdoorConfig) -> None:
     kept = config
     if config.method not in CONTRASTIVE_METHODS:
         kept = replace(config, recipe=config.victim_recipe().to_dict())
-    _write_json(path, kept.to_dict())
+    write_json(path, kept.to_dict())
 
 
 def _save_tensors(path: Path, tensors: dict[str, Tensor]) -> None:
@@ -441,12 +417,6 @@ def _load_tensors(path: Path) -> dict[str, Tensor]:
         raise BackdoorError(f"cannot read {path}: {error}") from None
 
 
-def _model_saved(folder: Path) -> bool:
-    from privacylab.models.storage import SIDECAR_FILE, WEIGHTS_FILE
-
-    return (folder / SIDECAR_FILE).is_file() and (folder / WEIGHTS_FILE).is_file()
-
-
 def _metadata(config: BackdoorConfig, trigger: Any, role: str, summary: Any) -> dict[str, Any]:
     return {
         "backdoor": {
@@ -459,13 +429,6 @@ def _metadata(config: BackdoorConfig, trigger: Any, role: str, summary: Any) -> 
         },
         "summary": summary,
     }
-
-
-def _summary(summary: Mapping[str, Any]) -> dict[str, Any]:
-    """What a model folder keeps of the trainer's summary: the privacy spent and the last
-    epoch."""
-    history = summary.get("history") or []
-    return {"privacy": summary.get("privacy"), "last_epoch": history[-1] if history else None}
 
 
 def _trained(
@@ -483,12 +446,12 @@ def _trained(
     from privacylab.models import load_model, save_model
 
     stage = f"{role} model"
-    if _model_saved(folder):
+    if model_saved(folder):
         model, _, meta = load_model(folder, device=config.device)
-        _tick(progress, stage, 1, 1)
+        tick(progress, stage, 1, 1)
         return model, dict(meta.get("summary") or {})
     model, summary = _victim(recipe, data, config.seed, config.device, checkpoints, progress, stage)
-    kept = _summary(summary)
+    kept = trainer_summary(summary)
     save_model(model, folder, recipe.spec(data), _metadata(config, trigger, role, kept))
     shutil.rmtree(checkpoints, ignore_errors=True)
     with contextlib.suppress(OSError):
@@ -509,17 +472,12 @@ def _victim(
     from privacylab.attacks.poisoning.recipe import train_victim
 
     epochs = float(recipe.epochs)
-    _tick(progress, stage, 0, epochs)
+    tick(progress, stage, 0, epochs)
     model, summary = train_victim(
         recipe, data, seed=seed, device=device, checkpoint_dir=checkpoints
     )
-    _tick(progress, stage, epochs, epochs)
+    tick(progress, stage, epochs, epochs)
     return model, summary
-
-
-def _tick(progress: Progress | None, stage: str, done: float, total: float) -> None:
-    if progress is not None:
-        progress(stage, float(done), float(total))
 
 
 # ------------------------------------------------------------------------------ the attack
@@ -588,11 +546,11 @@ def _add_to_report(folder: Path, payload: dict[str, Any], progress: Progress | N
     try:
         from privacylab.report.backdoor import add_backdoor_run
     except ImportError:
-        _tick(progress, "report (not available in this installation)", 1, 1)
+        tick(progress, "report (not available in this installation)", 1, 1)
         return
-    _tick(progress, "report", 0, 1)
+    tick(progress, "report", 0, 1)
     add_backdoor_run(folder, payload)
-    _tick(progress, "report", 1, 1)
+    tick(progress, "report", 1, 1)
 
 
 def _attack_options(config: BackdoorConfig) -> dict[str, Any]:
@@ -623,17 +581,17 @@ def run_backdoor_attack(
     _claim(folder, config)
     done_path = folder / RESULT_FILE
     if done_path.is_file():
-        finished = _read_json(done_path)
+        finished = read_json(done_path, BackdoorError)
         if isinstance(finished, dict):
-            _tick(progress, "result (reused)", 1, 1)
+            tick(progress, "result (reused)", 1, 1)
             return finished
     if config.method in CONTRASTIVE_METHODS:
         result, images = _contrastive(config, folder, progress)
     else:
         result, images = _classifier_game(config, folder, progress)
     result["folder"] = str(folder)
-    _write_json(done_path, result)
-    finished = _read_json(done_path)
+    write_json(done_path, result)
+    finished = read_json(done_path, BackdoorError)
     entry = {**finished, "label": _label(config, finished), "images": images}
     _add_to_report(folder, {"attack": entry}, progress)
     return finished
@@ -661,15 +619,15 @@ def _classifier_game(
         run_trojan,
     )
 
-    _tick(progress, "data", 0, 1)
+    tick(progress, "data", 0, 1)
     data = load_dataset(config.dataset)
     parts = split_rows(len(data), config)
-    _write_json(
+    write_json(
         folder / SPLITS_FILE,
         {"dataset": config.dataset, "rows": len(data), **parts},
     )
     train, test, source = (data.subset(parts[k]) for k in ("train", "test", "source"))
-    _tick(progress, "data", 1, 1)
+    tick(progress, "data", 1, 1)
     recipe = config.victim_recipe()
     attack = _make_attack(config)
     checkpoints = folder / CHECKPOINTS_DIR
@@ -705,7 +663,7 @@ def _classifier_game(
             summaries.append(summary)
             return model
 
-        _tick(progress, "attack", 0, 1)
+        tick(progress, "attack", 0, 1)
         outcome, _, poisons = run_poisoning(
             attack, task, train, test, victim, clean_model=clean_model, probe_seed=PROBE_SEED
         )
@@ -718,7 +676,7 @@ def _classifier_game(
     else:
         from privacylab.models import save_model
 
-        _tick(progress, "attack", 0, 1)
+        tick(progress, "attack", 0, 1)
         task_t = TrojanTask(
             data.input_shape,
             data.num_classes,
@@ -750,7 +708,7 @@ def _classifier_game(
             _metadata(config, trigger, "attacked", clean_summary),
         )
         result = outcome.to_dict()
-    _tick(progress, "attack", 1, 1)
+    tick(progress, "attack", 1, 1)
     privacy = (attacked_summary or {}).get("privacy")
     bound = None
     if config.epsilon is not None and config.method == "badnets":
@@ -799,11 +757,11 @@ def _contrastive(
         options["trigger"] = spec
     if config.recipe and "epochs" in config.recipe:
         options["epochs"] = int(config.recipe["epochs"])
-    _tick(progress, "attack", 0, 1)
+    tick(progress, "attack", 0, 1)
     _known_keywords(run_contrastive, options, config.method)
     outcome, _ = run_contrastive(config.method, **options)
     shutil.rmtree(folder / CHECKPOINTS_DIR, ignore_errors=True)
-    _tick(progress, "attack", 1, 1)
+    tick(progress, "attack", 1, 1)
     result = _common(config, outcome.to_dict(), holdout=0, privacy=None, asr_bound=None)
     trigger = None if outcome.trigger is None else _trigger_from(outcome.trigger, parse_trigger)
     order = np.random.default_rng(config.seed).permutation(len(data))[: config.test_size]
@@ -863,13 +821,13 @@ def load_backdoor_run(target: str | Path, device: str | None = None) -> Backdoor
     from privacylab.models import load_model
 
     folder = run_folder(target)
-    config = BackdoorConfig.from_dict(_read_json(folder / CONFIG_FILE)).validate()
+    config = BackdoorConfig.from_dict(read_json(folder / CONFIG_FILE, BackdoorError)).validate()
     if config.method in CONTRASTIVE_METHODS:
         raise BackdoorError(
             f"{folder} holds a {config.method} run of a contrastive image–text model; the "
             "backdoor defences inspect classifiers (badnets, trojan runs)"
         )
-    if not _model_saved(folder / MODEL_DIR) or not (folder / RESULT_FILE).is_file():
+    if not model_saved(folder / MODEL_DIR) or not (folder / RESULT_FILE).is_file():
         raise BackdoorError(f"{folder}: the attack run did not finish; run it again to resume")
     model, _, meta = load_model(folder / MODEL_DIR, device=device or config.device)
     saved = (meta.get("backdoor") or {}).get("trigger")
@@ -877,7 +835,7 @@ def load_backdoor_run(target: str | Path, device: str | None = None) -> Backdoor
         raise BackdoorError(f"{folder / MODEL_DIR}: the sidecar names no backdoor trigger")
     trigger = Trigger.from_dict(saved)
     data = load_dataset(config.dataset)
-    splits = _read_json(folder / SPLITS_FILE)
+    splits = read_json(folder / SPLITS_FILE, BackdoorError)
     if not isinstance(splits, dict) or splits.get("rows") != len(data):
         raise BackdoorError(f"{folder / SPLITS_FILE} does not match {config.dataset}")
     try:
@@ -949,20 +907,20 @@ def defend_backdoor(
             f"unknown backdoor defence {method!r}; choose one of {', '.join(names)}"
         )
     folder = run_folder(target).resolve()
-    config = BackdoorConfig.from_dict(_read_json(folder / CONFIG_FILE)).validate()
+    config = BackdoorConfig.from_dict(read_json(folder / CONFIG_FILE, BackdoorError)).validate()
     chosen = dict(options or {})
-    run_seed = config.seed if seed is None else _whole("--seed", seed, 0)
+    run_seed = config.seed if seed is None else whole(BackdoorError, "--seed", seed, 0)
     _known_keywords(BACKDOOR_DEFENSES.get(method), chosen, method)
     defense = make_backdoor_defense(method, **chosen)
     store = folder / DEFENSES_DIR / f"{method}.json"
     if store.is_file() and not fresh:
-        kept = _read_json(store)
+        kept = read_json(store, BackdoorError)
         if (
             isinstance(kept, dict)
             and kept.get("options") == chosen
             and kept.get("seed") == run_seed
         ):
-            _tick(progress, f"{method} (reused)", 1, 1)
+            tick(progress, f"{method} (reused)", 1, 1)
             return _public(kept)
     run = load_backdoor_run(folder, device)
     recipe = config.victim_recipe()
@@ -988,11 +946,11 @@ def defend_backdoor(
         run.test.labels, config.target_class, config.mode, run.test.num_classes
     ).numpy()
     before = evaluate_mitigation(None, run.model, run.test, triggered, wanted)
-    _tick(progress, method, 0, 1)
+    tick(progress, method, 0, 1)
     start = time.perf_counter()
     detection = defense.inspect(run.model, evidence)
     seconds = time.perf_counter() - start
-    _tick(progress, method, 1, 1)
+    tick(progress, method, 1, 1)
     after = evaluate_mitigation(detection.mitigation, run.model, run.test, triggered, wanted)
     verdict = detection.to_dict()
     flagged_rows = verdict.pop("flagged_rows")
@@ -1019,12 +977,12 @@ def defend_backdoor(
         "seed": run_seed,
         "folder": str(folder),
     }
-    _write_json(store, {**payload, "flagged_rows": flagged_rows})
+    write_json(store, {**payload, "flagged_rows": flagged_rows})
     for checkpoints in retrained:
         shutil.rmtree(checkpoints, ignore_errors=True)
     with contextlib.suppress(OSError):
         (folder / CHECKPOINTS_DIR).rmdir()
-    public = _public(_read_json(store))
+    public = _public(read_json(store, BackdoorError))
     _add_to_report(folder, {"defense": public}, progress)
     return public
 

@@ -37,8 +37,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import json
-import math
-import os
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
@@ -51,6 +49,15 @@ from torch import nn
 
 from privacylab.data import Dataset, load_dataset
 from privacylab.errors import PrivacylabError
+from privacylab.jobfiles import (
+    model_saved,
+    positive,
+    read_json,
+    tick,
+    trainer_summary,
+    whole,
+    write_json,
+)
 
 __all__ = [
     "DEFAULTS",
@@ -127,20 +134,6 @@ class MemorizationJobError(PrivacylabError, ValueError):
     """A memorization job cannot run with this configuration or folder; one line."""
 
 
-def _whole(name: str, value: object, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-        raise MemorizationJobError(f"{name} must be a whole number >= {low}, got {value!r}")
-    return int(value)
-
-
-def _positive(name: str, value: object) -> float:
-    real = isinstance(value, int | float | np.floating) and not isinstance(value, bool)
-    number = float(value) if real else math.nan  # type: ignore[arg-type]
-    if not (math.isfinite(number) and number > 0):
-        raise MemorizationJobError(f"{name} must be a finite number > 0, got {value!r}")
-    return number
-
-
 # ----------------------------------------------------------------------------- configuration
 
 
@@ -200,23 +193,23 @@ class MemorizationConfig:
         if not isinstance(self.dataset, str) or not self.dataset.strip():
             raise MemorizationJobError(f"dataset must be a dataset name, got {self.dataset!r}")
         if self.bits is not None:
-            _whole("--bits", self.bits, 1)
+            whole(MemorizationJobError, "--bits", self.bits, 1)
         if self.pixel_bits is not None:
-            _whole("--pixel-bits", self.pixel_bits, 1)
+            whole(MemorizationJobError, "--pixel-bits", self.pixel_bits, 1)
             if self.pixel_bits > 16:
                 raise MemorizationJobError(f"--pixel-bits must be in 1..16, got {self.pixel_bits}")
         if self.epsilon is not None:
-            _positive("--epsilon", self.epsilon)
+            positive(MemorizationJobError, "--epsilon", self.epsilon)
             if not memorization_class(self.method).private_ok:
                 raise MemorizationJobError(
                     f"{self.method} writes the weights after training; DP-SGD cannot apply to it"
                 )
-        delta = _positive("--delta", self.delta)
+        delta = positive(MemorizationJobError, "--delta", self.delta)
         if not delta < 1:
             raise MemorizationJobError(f"--delta must be in (0, 1), got {self.delta!r}")
-        _whole("--train-size", self.train_size, 1)
-        _whole("--test-size", self.test_size, 1)
-        _whole("--seed", self.seed, 0)
+        whole(MemorizationJobError, "--train-size", self.train_size, 1)
+        whole(MemorizationJobError, "--test-size", self.test_size, 1)
+        whole(MemorizationJobError, "--seed", self.seed, 0)
         _device(self.device)
         if self.recipe is not None and not isinstance(self.recipe, dict):
             raise MemorizationJobError(
@@ -245,8 +238,8 @@ class MemorizationConfig:
             recipe = VictimRecipe.from_dict({**VictimRecipe().to_dict(), **overrides})
         except (PoisonError, TypeError) as error:
             raise MemorizationJobError(f"bad victim recipe: {error}") from None
-        _whole("recipe epochs", recipe.epochs, 1)
-        _whole("recipe batch_size", recipe.batch_size, 1)
+        whole(MemorizationJobError, "recipe epochs", recipe.epochs, 1)
+        whole(MemorizationJobError, "recipe batch_size", recipe.batch_size, 1)
         recipe = replace(recipe.private(self.epsilon), delta=self.delta)
         try:
             recipe.config(self.seed).validate()
@@ -403,28 +396,11 @@ def check_memorization_config(config: MemorizationConfig) -> Prepared:
 # -------------------------------------------------------------------------------- files
 
 
-def _write_json(path: Path, payload: Any) -> None:
-    from privacylab.report.jsonable import json_ready
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(json_ready(payload), allow_nan=False, indent=1) + "\n")
-    os.replace(partial, path)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        first = str(error).splitlines()[0] if str(error) else type(error).__name__
-        raise MemorizationJobError(f"cannot read {path}: {first}") from None
-
-
 def _claim(folder: Path, config: MemorizationConfig) -> None:
     """Write config.json, or check that the folder's own is the same game (one line if not)."""
     path = folder / CONFIG_FILE
     if path.exists():
-        saved = MemorizationConfig.from_dict(_read_json(path))
+        saved = MemorizationConfig.from_dict(read_json(path, MemorizationJobError))
         if saved.identity() != config.identity():
             other = saved.identity()
             changed = sorted(k for k, v in config.identity().items() if other.get(k) != v)
@@ -433,23 +409,7 @@ def _claim(folder: Path, config: MemorizationConfig) -> None:
                 " use another --out"
             )
     folder.mkdir(parents=True, exist_ok=True)
-    _write_json(path, replace(config, recipe=config.victim_recipe().to_dict()).to_dict())
-
-
-def _model_saved(folder: Path) -> bool:
-    from privacylab.models.storage import SIDECAR_FILE, WEIGHTS_FILE
-
-    return (folder / SIDECAR_FILE).is_file() and (folder / WEIGHTS_FILE).is_file()
-
-
-def _summary(summary: Mapping[str, Any]) -> dict[str, Any]:
-    history = summary.get("history") or []
-    return {"privacy": summary.get("privacy"), "last_epoch": history[-1] if history else None}
-
-
-def _tick(progress: Progress | None, stage: str, done: float, total: float) -> None:
-    if progress is not None:
-        progress(stage, float(done), float(total))
+    write_json(path, replace(config, recipe=config.victim_recipe().to_dict()).to_dict())
 
 
 def _trained(
@@ -467,14 +427,14 @@ def _trained(
 
     where = folder / role
     stage = STAGES.get(role, role)
-    if _model_saved(where):
+    if model_saved(where):
         model, _, meta = load_model(where, device=config.device)
-        _tick(progress, f"{stage} (reused)", 1, 1)
+        tick(progress, f"{stage} (reused)", 1, 1)
         return model.eval(), dict(meta.get("summary") or {})
     checkpoints = folder / CHECKPOINTS_DIR / role
-    _tick(progress, stage, 0, epochs)
+    tick(progress, stage, 0, epochs)
     model, summary = train(checkpoints)
-    kept = _summary(summary)
+    kept = trainer_summary(summary)
     meta = {
         "memorization": {"config": config.to_dict(), "method": config.method, "role": role},
         "summary": kept,
@@ -483,7 +443,7 @@ def _trained(
     shutil.rmtree(checkpoints, ignore_errors=True)
     with contextlib.suppress(OSError):
         checkpoints.parent.rmdir()
-    _tick(progress, stage, epochs, epochs)
+    tick(progress, stage, epochs, epochs)
     return model.eval(), kept
 
 
@@ -716,11 +676,11 @@ def _add_to_report(folder: Path, entry: dict[str, Any], progress: Progress | Non
     try:
         from privacylab.report.memorization import add_memorization_run
     except ImportError:
-        _tick(progress, "report (not available in this installation)", 1, 1)
+        tick(progress, "report (not available in this installation)", 1, 1)
         return
-    _tick(progress, "report", 0, 1)
+    tick(progress, "report", 0, 1)
     add_memorization_run(folder, {"attack": entry})
-    _tick(progress, "report", 1, 1)
+    tick(progress, "report", 1, 1)
 
 
 def run_memorization_job(
@@ -747,17 +707,17 @@ def run_memorization_job(
     _claim(folder, config)
     done_path = folder / RESULT_FILE
     if done_path.is_file():
-        finished = _read_json(done_path)
+        finished = read_json(done_path, MemorizationJobError)
         if isinstance(finished, dict):
-            _tick(progress, "result (reused)", 1, 1)
+            tick(progress, "result (reused)", 1, 1)
             return finished
-    _tick(progress, "data", 0, 1)
+    tick(progress, "data", 0, 1)
     data, parts, layout, recipe = prepared.data, prepared.parts, prepared.layout, prepared.recipe
-    _write_json(folder / SPLITS_FILE, {"dataset": config.dataset, "rows": len(data), **parts})
+    write_json(folder / SPLITS_FILE, {"dataset": config.dataset, "rows": len(data), **parts})
     train, test, holdout = (data.subset(parts[k]) for k in ("train", "test", "holdout"))
     rows = secret_rows(len(train), layout.items, config.seed)
     secret = choose_secret(train, rows, None if layout.kind == "tabular" else layout.value_bits)
-    _tick(progress, "data", 1, 1)
+    tick(progress, "data", 1, 1)
     spec = recipe.spec(train)
     honest_model, _ = _trained(
         folder,
@@ -779,12 +739,12 @@ def run_memorization_job(
         recipe.epochs,
         progress,
     )
-    _tick(progress, "decode", 0, 1)
+    tick(progress, "decode", 0, 1)
     clean = _accuracy(released, test)
     honest = _accuracy(honest_model, test)
     outcome = _decode(prepared, config, released, secret, train, clean, honest)
-    _tick(progress, "decode", 1, 1)
-    _tick(progress, "checks", 0, 1)
+    tick(progress, "decode", 1, 1)
+    tick(progress, "checks", 0, 1)
     checks = weight_checks(released, honest_model, train)
     requantized, again = (None, None)
     if config.method == "lsb":
@@ -794,7 +754,7 @@ def run_memorization_job(
         detector = _query_check(
             prepared, config, released, secret, train, holdout, test, clean, honest
         )
-    _tick(progress, "checks", 1, 1)
+    tick(progress, "checks", 1, 1)
     result = {
         **outcome.to_dict(),
         "folder": str(folder),
@@ -818,5 +778,5 @@ def run_memorization_job(
     finished = json.loads(json.dumps(json_ready(result), allow_nan=False))
     entry = {**finished, "label": _label(config, layout), "images": _images(outcome, again)}
     _add_to_report(folder, entry, progress)
-    _write_json(done_path, finished)
+    write_json(done_path, finished)
     return finished
