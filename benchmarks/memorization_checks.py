@@ -47,9 +47,9 @@ Measured (checks' thresholds as calibrated on seeds 100..119; models as in
 
        encoding                      lsb-entropy      correlation     sign-pattern
        lsb b=8/16/20, default x3     1.00 (1.6e5)     0.00 (37)       0.00 (111)
-       correlation λ=0.3/1/3, def.   0.00 (37-59)     1.00 (1.3e4+)   1.00 (579-594)
+       correlation λ=0.3/1/3, def.   0.00 (39-110)    1.00 (1.3e4+)   1.00 (556-594)
        correlation fill λ=1, 3       1.00 (4.1e3)     1.00 (4.7e4)    1.00 (583-597)
-       sign λ=30/100/300, default    0.00 (35-51)     0.00 (39-51)    1.00 (674-692)
+       sign λ=30/100/300, default    0.00 (35-106)    0.00 (35-51)    1.00 (674-692)
        sign fill λ=100, 300          0.00 (20-31)     0.00 (38-51)    1.00 (731-747)
        capacity (all settings)       0.00             0.00            0.00
 
