@@ -59,6 +59,9 @@ def setting():
     secret = choose_secret(train, np.arange(20), 8)
     attack = CorrelatedValueEncoding(offset=OFFSET)
     encoded, _ = train_encoded(attack, secret, RECIPE, train)
+    # Song et al.'s own loss: one correlation over the whole secret, in absolute value
+    song_attack = CorrelatedValueEncoding(offset=OFFSET, blocks="global", signed=False)
+    song, _ = train_encoded(song_attack, secret, RECIPE, train)
     # 72 images fill the 64 first-layer rows and spill into the biases and the output layer
     costly = choose_secret(train, np.arange(72), 8)
     weak, _ = train_encoded(CorrelatedValueEncoding(strength=1.0), costly, RECIPE, train)
@@ -70,6 +73,7 @@ def setting():
         "secret": secret,
         "attack": attack,
         "encoded": encoded,
+        "song": (song_attack, song),
         "accuracy": {
             name: _accuracy(model, test)
             for name, model in [("honest", honest), ("weak", weak), ("strong", strong)]
@@ -97,6 +101,15 @@ def test_encoded_model_decodes_recognisable_images(setting):
     assert result.recovered >= 0.8 * result.items
     assert result.psnr > 15
     assert result.clean_accuracy >= setting["accuracy"]["honest"] - 0.03
+
+
+def test_song_global_absolute_correlation_decodes_too(setting):
+    """blocks='global', signed=False (C = -λ_c |corr| over the whole secret, Song's Sec. 4.2):
+    the per-item min-max decoding, oriented by the dark-background prior, recovers the items."""
+    attack, model = setting["song"]
+    result = _decode(setting, model, attack)
+    assert _mean_abs_corr(result.decoded, result.original) > 0.8
+    assert result.recovered >= 0.8 * result.items
 
 
 def test_honest_model_holds_no_images(setting):

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from privacylab.attacks.memorization import (
+    MemorizationError,
     MemorizationTask,
     choose_secret,
     run_memorization,
@@ -97,6 +98,21 @@ def test_slot_module_is_the_model_in_evaluation(digits):
     wrapper.train()
     out = wrapper(x, slot)
     assert out.shape == (6, 11) and torch.all(out[2:, 10] == 0) and torch.all(out[:2, 10] != 0)
+
+
+def test_private_secret_rows_must_be_distinct_training_rows(digits):
+    """Under DP-SGD each block rides on its own row: a row named twice (one block would never
+    be carried) or a row outside the data is one line, not a silent loss or an IndexError."""
+    train_data, _ = digits
+    model = ModelSpec("mlp", (1, 8, 8), 10, {"widths": [16]}).build(seed=0)
+    twice = choose_secret(train_data, [3, 3, 5], 4)
+    with pytest.raises(MemorizationError, match="its own training row") as error:
+        SignEncoding().encode(twice, model, train_data, private=True)
+    assert "\n" not in str(error.value)
+    SignEncoding().encode(twice, model, train_data, private=False)
+    outside = choose_secret(train_data, [0, 499], 4)
+    with pytest.raises(MemorizationError, match=r"\[0, 100\)"):
+        SignEncoding().encode(outside, model, train_data.subset(np.arange(100)), private=True)
 
 
 def _private_decode(attack, secret, train_data, test, sigma: float | None):

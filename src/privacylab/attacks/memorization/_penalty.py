@@ -33,7 +33,7 @@ sign bit accuracy; without DP: 0.98-1.0 / 0.977):
 
 An honest model's |corr| is 0.15 and its bit accuracy 0.5: from ε = 100 on nothing is left.
 Even at σ = 0.001 most of the encoding is gone — the clipping does it: with the clipping norm
-at 1000 (σ = 1e-5) the same runs decode |corr| 0.93 and 92 % of the bits. Each secret row
+at 1000 (σ = 1e-5) the same runs decode |corr| 0.93 and 93 % of the bits. Each secret row
 carries its block only in the steps it is sampled in, and then with norm ≤ C like any
 example: DP-SGD's sensitivity bound is exactly what limits the encoding (the seed's
 "even with a vanishingly small amount of noise").
@@ -51,6 +51,7 @@ from privacylab.attacks.memorization.base import (
     MaliciousTraining,
     MemorizationError,
     parameter_count,
+    parameter_vector,
 )
 from privacylab.data import Dataset
 
@@ -60,6 +61,7 @@ __all__ = [
     "correlation_terms",
     "parameter_slice",
     "penalty_training",
+    "released_block",
     "scalar_regularizer",
     "sign_terms",
     "slot_loss",
@@ -107,6 +109,15 @@ def parameter_slice(params: Sequence[Tensor], start: int, length: int) -> Tensor
             f"parameters [{start}, {end}) lie beyond the model's {position} parameters"
         )
     return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+
+
+def released_block(name: str, model: nn.Module, offset: int, size: int) -> Tensor:
+    """The decoder's read: parameters [offset, offset + size) of the released `model` in
+    `parameter_vector` order (detached, float32, CPU), or one line when the model is shorter."""
+    theta = parameter_vector(model)[offset : offset + size]
+    if theta.numel() < size:
+        raise MemorizationError(f"{name}: the model has no parameters [{offset}, {offset + size})")
+    return theta
 
 
 def _block_terms(params: Sequence[Tensor], targets: Tensor, offset: int, term: BlockTerm) -> Tensor:
@@ -212,10 +223,15 @@ def penalty_training(
             regularizer=scalar_regularizer(model, targets, offset, term, strength),
         )
     index = torch.as_tensor(secret_rows, dtype=torch.int64).reshape(-1)
-    if len(index) != blocks:
+    if len(index) != blocks or len(torch.unique(index)) != blocks:
         raise MemorizationError(
             f"under DP-SGD each of the {blocks} blocks needs its own training row, got "
-            f"{len(index)} rows"
+            f"{len(torch.unique(index))} distinct rows"
+        )
+    if int(index.min()) < 0 or int(index.max()) >= len(data):
+        raise MemorizationError(
+            f"the secret's rows must be training rows in [0, {len(data)}), got "
+            f"{int(index.min())}..{int(index.max())}"
         )
     scale = strength * len(data) / blocks
     wrapper = SlotModule(model, targets, offset, term, scale)

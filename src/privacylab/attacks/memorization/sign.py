@@ -42,17 +42,19 @@ import torch
 from torch import nn
 
 from privacylab.attacks.core import ThreatModel
-from privacylab.attacks.memorization._penalty import penalty_training, sign_terms
+from privacylab.attacks.memorization._penalty import (
+    penalty_training,
+    released_block,
+    sign_terms,
+)
 from privacylab.attacks.memorization.base import (
     Decoded,
     MaliciousTraining,
     MemorizationAttack,
-    MemorizationError,
     MemorizationTask,
     Secret,
     number_option,
     parameter_count,
-    parameter_vector,
     register_memorization,
     whole_option,
 )
@@ -111,11 +113,6 @@ class SignEncoding(MemorizationAttack):
     def run(self, target: Target, task: MemorizationTask) -> Decoded:
         """Bit i = [θ_{offset+i} > 0], read into values by the layout."""
         layout = task.layout
-        theta = parameter_vector(target.model)[self.offset : self.offset + layout.total_bits]
-        if theta.numel() < layout.total_bits:
-            raise MemorizationError(
-                f"{self.name}: the model has no parameters "
-                f"[{self.offset}, {self.offset + layout.total_bits})"
-            )
+        theta = released_block(self.name, target.model, self.offset, layout.total_bits)
         bits = (theta.numpy() > 0).astype(np.uint8)
         return Decoded(values=layout.bits_to_values(bits), bits=bits)
