@@ -16,7 +16,7 @@ seeds (0..19 by default).
    capacity) at the table's strengths (seed 0) and at the attack's default on `--encoded-seeds`
    (0, 1, 2); detection rate per (check, encoding).
 3. Sanitisers on the released weights: `requantize` (float16 and bfloat16 round trips, and
-   zeroing mantissa bits) and `add_weight_noise`: what each encoding's decoder reads
+   randomising the dropped mantissa bits) and `add_weight_noise`: what each encoding's decoder reads
    afterwards (bit accuracy, items recovered) and the test accuracy before/after.
 4. Capacity abuse: `QueryAnomalyDetector` fitted on the holder's training inputs, threshold at
    its default FPR on the 300 held-out rows; measured FPR on the 1,000 test rows, TPR on the
@@ -88,7 +88,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy import stats
+
+from privacylab.stats.binomial import clopper_pearson_upper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -124,13 +125,6 @@ def seeds_arg(text: str) -> list[int]:
         low, high = text.split("-")
         return list(range(int(low), int(high) + 1))
     return [int(s) for s in text.split(",")]
-
-
-def clopper_pearson_upper(k: int, n: int, level: float = 0.95) -> float:
-    """One-sided upper confidence bound of a binomial proportion (Clopper & Pearson 1934)."""
-    if k >= n:
-        return 1.0
-    return float(stats.beta.ppf(level, k + 1, n - k))
 
 
 def defense_version() -> str:
