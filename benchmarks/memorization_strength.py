@@ -108,9 +108,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps(rows))
         return
-    print(
-        f"{'λ':>8} {'seed':>4} {'honest':>6} {'acc':>6} {'Δacc':>7} {'recov':>9} {'bit':>5} {'PSNR':>5}"
-    )
+    head = f"{'λ':>8} {'seed':>4} {'honest':>6} {'acc':>6} {'Δacc':>7} {'recov':>9}"
+    print(f"{head} {'bit':>5} {'PSNR':>5}")
     for r in sorted(rows, key=lambda r: (r["strength"], r["seed"])):
         print(
             f"{r['strength']:>8g} {r['seed']:>4} {r['honest_accuracy']:>6.3f} "
