@@ -61,6 +61,7 @@ from privacylab.jobfiles import (
     read_json,
     tick,
     trainer_summary,
+    victim_recipe,
     whole,
     write_json,
 )
@@ -232,20 +233,7 @@ class BackdoorConfig:
 
     def victim_recipe(self) -> Any:
         """The victim's `VictimRecipe`: the defaults, `recipe`'s overrides, at `epsilon`."""
-        from privacylab.attacks.poisoning import PoisonError
-        from privacylab.attacks.poisoning.recipe import VictimRecipe
-
-        if (self.recipe or {}).get("epsilon", self.epsilon) != self.epsilon:
-            raise BackdoorError("bad victim recipe: give the victim's ε with --epsilon, not in it")
-        if (self.recipe or {}).get("delta", self.delta) != self.delta:
-            raise BackdoorError("bad victim recipe: give the victim's δ with --delta, not in it")
-        try:
-            recipe = VictimRecipe.from_dict({**VictimRecipe().to_dict(), **(self.recipe or {})})
-        except (PoisonError, TypeError) as error:
-            raise BackdoorError(f"bad victim recipe: {error}") from None
-        whole(BackdoorError, "recipe epochs", recipe.epochs, 1)
-        whole(BackdoorError, "recipe batch_size", recipe.batch_size, 1)
-        return replace(recipe.private(self.epsilon), delta=self.delta)
+        return victim_recipe(BackdoorError, self.recipe, self.epsilon, self.delta, self.seed)
 
     def poison_budget(self, clean_rows: int) -> int:
         """How many rows the attacker injects into `clean_rows` victim rows: `poisons`, or

@@ -9,14 +9,58 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["model_saved", "positive", "read_json", "tick", "trainer_summary", "whole", "write_json"]
+__all__ = [
+    "model_saved",
+    "positive",
+    "read_json",
+    "tick",
+    "trainer_summary",
+    "victim_recipe",
+    "whole",
+    "write_json",
+]
 
 Progress = Callable[[str, float, float], None]
+
+
+def victim_recipe(
+    error: type[Exception],
+    overrides: Mapping[str, Any] | None,
+    epsilon: float | None,
+    delta: float,
+    seed: int,
+    who: str = "victim",
+) -> Any:
+    """The `VictimRecipe` a job trains with: the defaults, the user's `overrides`, at
+    (`epsilon`, `delta`) — ε and δ are the job's own options and refused inside the overrides
+    unless equal — with its trainer configuration checked, so a bad recipe is one `error`
+    line before any work."""
+    from privacylab.attacks.poisoning import PoisonError
+    from privacylab.attacks.poisoning.recipe import VictimRecipe
+    from privacylab.errors import PrivacylabError
+
+    given = dict(overrides or {})
+    for key, flag, value in (("epsilon", "ε", epsilon), ("delta", "δ", delta)):
+        if given.get(key, value) != value:
+            raise error(f"bad victim recipe: give the {who}'s {flag} with --{key}, not in it")
+    try:
+        recipe = VictimRecipe.from_dict({**VictimRecipe().to_dict(), **given})
+    except (PoisonError, TypeError) as caught:
+        raise error(f"bad victim recipe: {caught}") from None
+    whole(error, "recipe epochs", recipe.epochs, 1)
+    whole(error, "recipe batch_size", recipe.batch_size, 1)
+    recipe = replace(recipe.private(epsilon), delta=delta)
+    try:
+        recipe.config(seed).validate()
+    except PrivacylabError as caught:
+        raise error(f"bad victim recipe: {caught}") from None
+    return recipe
 
 
 def whole(error: type[Exception], name: str, value: object, low: int) -> int:

@@ -55,6 +55,7 @@ from privacylab.jobfiles import (
     read_json,
     tick,
     trainer_summary,
+    victim_recipe,
     whole,
     write_json,
 )
@@ -225,27 +226,9 @@ class MemorizationConfig:
     def victim_recipe(self) -> Any:
         """The holder's `VictimRecipe`: the defaults, `recipe`'s overrides, at (`epsilon`,
         `delta`); its trainer configuration checked here (one line), before any work."""
-        from privacylab.attacks.poisoning import PoisonError
-        from privacylab.attacks.poisoning.recipe import VictimRecipe
-
-        overrides = self.recipe or {}
-        for key, flag, value in (("epsilon", "ε", self.epsilon), ("delta", "δ", self.delta)):
-            if overrides.get(key, value) != value:
-                raise MemorizationJobError(
-                    f"bad victim recipe: give the holder's {flag} with --{key}, not in it"
-                )
-        try:
-            recipe = VictimRecipe.from_dict({**VictimRecipe().to_dict(), **overrides})
-        except (PoisonError, TypeError) as error:
-            raise MemorizationJobError(f"bad victim recipe: {error}") from None
-        whole(MemorizationJobError, "recipe epochs", recipe.epochs, 1)
-        whole(MemorizationJobError, "recipe batch_size", recipe.batch_size, 1)
-        recipe = replace(recipe.private(self.epsilon), delta=self.delta)
-        try:
-            recipe.config(self.seed).validate()
-        except PrivacylabError as error:
-            raise MemorizationJobError(f"bad victim recipe: {error}") from None
-        return recipe
+        return victim_recipe(
+            MemorizationJobError, self.recipe, self.epsilon, self.delta, self.seed, "holder"
+        )
 
     def identity(self) -> dict[str, Any]:
         """The fields that decide the folder's models and numbers: all but the device, with
