@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+import os
+import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 
 def read_results(path: Path, error: type[Exception]) -> dict[str, object]:
@@ -38,3 +41,34 @@ def locked(folder: Path, name: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def same_folder(stored: Any, folder: str) -> bool:
+    """Whether a run entry's stored folder is `folder` (as written, or the same real path):
+    how a re-run finds and replaces its own entry."""
+    if stored is None:
+        return False
+    if str(stored) == folder:
+        return True
+    try:
+        return os.path.realpath(str(stored)) == os.path.realpath(folder)
+    except (OSError, ValueError):
+        return False
+
+
+def check_tables(tables: Any, error: type[Exception]) -> dict[str, list[dict[str, Any]]]:
+    """A payload's benchmark tables ``{name: [row mapping, ...]}`` made JSON-ready, each name
+    lowercase letters, digits, '-' or '_' (it becomes an HTML class); else one `error` line."""
+    from privacylab.report._format import mappings
+    from privacylab.report.jsonable import json_ready
+
+    if not isinstance(tables, Mapping) or not tables:
+        raise error("payload['tables'] must be a non-empty mapping of name -> rows")
+    out = {}
+    for name, rows in tables.items():
+        if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9_-]{1,40}", name):
+            raise error(f"table name must be lowercase letters, digits, '-' or '_', got {name!r}")
+        if not isinstance(rows, (list, tuple)) or len(mappings(rows)) != len(rows):
+            raise error(f"payload['tables'][{name!r}] must be a list of mappings")
+        out[name] = [dict(r) for r in json_ready(list(rows))]
+    return out

@@ -48,7 +48,7 @@ from matplotlib.ticker import NullFormatter
 
 from privacylab.errors import PrivacylabError
 from privacylab.report._format import fmt, mappings, number, percent, safe_name
-from privacylab.report._merge import locked, read_results
+from privacylab.report._merge import check_tables, locked, read_results, same_folder
 from privacylab.report.html import write_report
 from privacylab.report.jsonable import json_ready
 from privacylab.report.model_inversion import image_png, to_display
@@ -711,32 +711,6 @@ def _defense_files(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, byt
     return out, files
 
 
-def _check_tables(tables: Any) -> dict[str, list[dict[str, Any]]]:
-    if not isinstance(tables, Mapping) or not tables:
-        raise BackdoorReportError("payload['tables'] must be a non-empty mapping of name -> rows")
-    out = {}
-    for name, rows in tables.items():
-        if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9_-]{1,40}", name):
-            raise BackdoorReportError(
-                f"table name must be lowercase letters, digits, '-' or '_', got {name!r}"
-            )
-        if not isinstance(rows, (list, tuple)) or len(mappings(rows)) != len(rows):
-            raise BackdoorReportError(f"payload['tables'][{name!r}] must be a list of mappings")
-        out[name] = [dict(r) for r in json_ready(list(rows))]
-    return out
-
-
-def _same(stored: Any, folder: str) -> bool:
-    if stored is None:
-        return False
-    if str(stored) == folder:
-        return True
-    try:
-        return os.path.realpath(str(stored)) == os.path.realpath(folder)
-    except (OSError, ValueError):
-        return False
-
-
 def add_backdoor_run(out_dir: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:
     """Merge one backdoor `payload` (``{"attack": entry}``, ``{"defense": entry}`` or
     ``{"tables": {name: rows}}``, see the module docstring) into the report in `out_dir`;
@@ -760,7 +734,7 @@ def add_backdoor_run(out_dir: str | os.PathLike[str], payload: Mapping[str, Any]
     kind = kinds[0]
     files: dict[str, bytes] = {}
     if kind == "tables":
-        tables = _check_tables(payload["tables"])
+        tables = check_tables(payload["tables"], BackdoorReportError)
         for name, rows in tables.items():
             if name in TABLE_FIGURES and rows:
                 plot = contrastive_plot if name == "contrastive" else badnets_dp_plot
@@ -791,7 +765,7 @@ def add_backdoor_run(out_dir: str | os.PathLike[str], payload: Mapping[str, Any]
                 (
                     i
                     for i, m in enumerate(entries)
-                    if _same(m.get("folder"), entry["folder"])
+                    if same_folder(m.get("folder"), entry["folder"])
                     and (kind == "attack" or m.get("method") == entry["method"])
                 ),
                 None,

@@ -41,7 +41,7 @@ from matplotlib.ticker import NullFormatter
 
 from privacylab.errors import PrivacylabError
 from privacylab.report._format import mappings, number
-from privacylab.report._merge import locked, read_results
+from privacylab.report._merge import locked, read_results, same_folder
 from privacylab.report.html import write_report
 from privacylab.report.jsonable import json_ready
 from privacylab.report.language import epsilon_label
@@ -786,17 +786,6 @@ def _trim_examples(run: dict[str, Any]) -> dict[str, Any]:
     return run
 
 
-def _same_folder(stored: Any, folder: str) -> bool:
-    if stored is None:
-        return False
-    if str(stored) == folder:
-        return True
-    try:
-        return os.path.realpath(str(stored)) == os.path.realpath(folder)
-    except (OSError, ValueError):
-        return False
-
-
 def _identity(facts: Mapping[str, Any]) -> tuple[Any, ...]:
     return tuple(facts.get(k) for k in IDENTITY)
 
@@ -827,7 +816,7 @@ def add_dpforward_run(out_dir: str | os.PathLike[str], payload: Mapping[str, Any
         block = results.get("dpforward")
         block = dict(block) if isinstance(block, Mapping) else {}
         models = [dict(m) for m in mappings(block.get("models"))]
-        model = next((m for m in models if _same_folder(m.get("folder"), key)), None)
+        model = next((m for m in models if same_folder(m.get("folder"), key)), None)
         if model is None:
             model = {"folder": key, "facts": facts, "runs": {}}
             models.append(model)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +36,7 @@ from matplotlib.figure import Figure
 
 from privacylab.errors import PrivacylabError
 from privacylab.report._format import fmt, mappings, number, percent
-from privacylab.report._merge import locked, read_results
+from privacylab.report._merge import check_tables, locked, read_results, same_folder
 from privacylab.report.backdoor import slug
 from privacylab.report.html import write_report
 from privacylab.report.jsonable import json_ready
@@ -271,34 +270,6 @@ def _attack_files(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, byte
     return out, files
 
 
-def _check_tables(tables: Any) -> dict[str, list[dict[str, Any]]]:
-    if not isinstance(tables, Mapping) or not tables:
-        raise MemorizationReportError(
-            "payload['tables'] must be a non-empty mapping of name -> rows"
-        )
-    out = {}
-    for name, rows in tables.items():
-        if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9_-]{1,40}", name):
-            raise MemorizationReportError(
-                f"table name must be lowercase letters, digits, '-' or '_', got {name!r}"
-            )
-        if not isinstance(rows, (list, tuple)) or len(mappings(rows)) != len(rows):
-            raise MemorizationReportError(f"payload['tables'][{name!r}] must be a list of mappings")
-        out[name] = [dict(r) for r in json_ready(list(rows))]
-    return out
-
-
-def _same(stored: Any, folder: str) -> bool:
-    if stored is None:
-        return False
-    if str(stored) == folder:
-        return True
-    try:
-        return os.path.realpath(str(stored)) == os.path.realpath(folder)
-    except (OSError, ValueError):
-        return False
-
-
 def add_memorization_run(out_dir: str | os.PathLike[str], payload: Mapping[str, Any]) -> Path:
     """Merge one memorization `payload` (``{"attack": entry}`` or ``{"tables": {name:
     rows}}``, see the module docstring) into the report in `out_dir`; return its index.html.
@@ -318,7 +289,7 @@ def add_memorization_run(out_dir: str | os.PathLike[str], payload: Mapping[str, 
     tables: dict[str, list[dict[str, Any]]] = {}
     entry: dict[str, Any] = {}
     if kinds[0] == "tables":
-        tables = _check_tables(payload["tables"])
+        tables = check_tables(payload["tables"], MemorizationReportError)
     else:
         entry = _check_entry(payload["attack"])
         entry, files = _attack_files(entry)
@@ -338,7 +309,8 @@ def add_memorization_run(out_dir: str | os.PathLike[str], payload: Mapping[str, 
         else:
             runs = [dict(m) for m in mappings(block.get("runs"))]
             at = next(
-                (i for i, m in enumerate(runs) if _same(m.get("folder"), entry["folder"])), None
+                (i for i, m in enumerate(runs) if same_folder(m.get("folder"), entry["folder"])),
+                None,
             )
             if at is None:
                 runs.append(entry)
