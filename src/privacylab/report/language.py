@@ -34,7 +34,7 @@ from matplotlib.ticker import NullFormatter, ScalarFormatter
 
 from privacylab.errors import PrivacylabError
 from privacylab.report._format import mappings, number, safe_name, target_epsilon
-from privacylab.report._merge import locked, read_results
+from privacylab.report._merge import locked, read_results, same_folder
 from privacylab.report.html import write_report
 from privacylab.report.jsonable import json_ready
 from privacylab.report.plots import FONT_PT, LEGEND_FONT_PT, _to_png, line_style
@@ -387,19 +387,6 @@ def _current_images(base: Path, block: Mapping[str, Any], changed: str) -> set[s
     }
 
 
-def _same_folder(stored: Any, folder: str) -> bool:
-    """Whether a stored run's target folder is `folder`: the same text, or the same directory
-    once both are resolved (a relative and an absolute path to one model)."""
-    if stored is None:
-        return False
-    if str(stored) == folder:
-        return True
-    try:
-        return os.path.realpath(str(stored)) == os.path.realpath(folder)
-    except (OSError, ValueError):
-        return False
-
-
 def _run_folder(run: Any) -> str:
     if not isinstance(run, Mapping):
         raise LanguageReportError(f"a language run must be a mapping, got {type(run).__name__}")
@@ -435,7 +422,7 @@ def add_language_run(folder: str | os.PathLike[str], kind: str, run: Mapping[str
         runs = list(mappings(block.get(kind)))
         for index, old in enumerate(runs):
             target = old.get("target")
-            if isinstance(target, Mapping) and _same_folder(target.get("folder"), key):
+            if isinstance(target, Mapping) and same_folder(target.get("folder"), key):
                 runs[index] = clean
                 break
         else:
