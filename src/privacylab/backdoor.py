@@ -45,7 +45,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ from torch import Tensor, nn
 from privacylab.data import Dataset, load_dataset
 from privacylab.errors import PrivacylabError
 from privacylab.jobfiles import (
+    config_from_dict,
     model_saved,
     positive,
     read_json,
@@ -266,13 +267,7 @@ class BackdoorConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BackdoorConfig:
         """Inverse of `to_dict`; one BackdoorError line on unknown keys."""
-        if not isinstance(data, Mapping):
-            raise BackdoorError("a backdoor config must be a JSON object")
-        known = {f.name for f in fields(cls)}
-        extra = sorted(set(data) - known)
-        if extra:
-            raise BackdoorError(f"unknown backdoor config keys: {', '.join(extra)}")
-        return cls(**dict(data))
+        return config_from_dict(cls, data, BackdoorError, "backdoor")
 
 
 def check_backdoor_config(config: BackdoorConfig) -> Any:

@@ -9,13 +9,14 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 __all__ = [
+    "config_from_dict",
     "model_saved",
     "positive",
     "read_json",
@@ -27,6 +28,18 @@ __all__ = [
 ]
 
 Progress = Callable[[str, float, float], None]
+T = TypeVar("T")
+
+
+def config_from_dict(cls: type[T], data: object, error: type[Exception], what: str) -> T:
+    """The dataclass `cls` built from the JSON object `data` (a job's `config.json`); one
+    `error` line for a non-object or unknown keys (`what` names the config in it)."""
+    if not isinstance(data, Mapping):
+        raise error(f"a {what} config must be a JSON object")
+    extra = sorted(set(data) - {f.name for f in fields(cls)})  # type: ignore[arg-type]
+    if extra:
+        raise error(f"unknown {what} config keys: {', '.join(extra)}")
+    return cls(**dict(data))
 
 
 def victim_recipe(

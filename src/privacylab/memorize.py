@@ -39,7 +39,7 @@ import inspect
 import json
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from torch import nn
 from privacylab.data import Dataset, load_dataset
 from privacylab.errors import PrivacylabError
 from privacylab.jobfiles import (
+    config_from_dict,
     model_saved,
     positive,
     read_json,
@@ -246,13 +247,7 @@ class MemorizationConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemorizationConfig:
         """Inverse of `to_dict`; one MemorizationJobError line on unknown keys."""
-        if not isinstance(data, Mapping):
-            raise MemorizationJobError("a memorization config must be a JSON object")
-        known = {f.name for f in fields(cls)}
-        extra = sorted(set(data) - known)
-        if extra:
-            raise MemorizationJobError(f"unknown memorization config keys: {', '.join(extra)}")
-        return cls(**dict(data))
+        return config_from_dict(cls, data, MemorizationJobError, "memorization")
 
 
 @dataclass
@@ -440,12 +435,7 @@ def _accuracy(model: nn.Module, data: Dataset) -> float:
 
 
 def _check_record(result: Any) -> dict[str, Any]:
-    record = result.to_dict() if hasattr(result, "to_dict") else dict(vars(result))
-    return {
-        "statistic": record.get("statistic"),
-        "threshold": record.get("threshold"),
-        "flagged": bool(record.get("flagged")),
-    }
+    return {"statistic": result.statistic, "threshold": result.threshold, "flagged": result.flagged}
 
 
 def weight_checks(
@@ -454,11 +444,9 @@ def weight_checks(
     """Each registered weight check (`privacylab.defenses.memorization.WEIGHT_CHECKS`) on the
     released model — statistic, threshold, flagged — and, beside it, on the honest model of
     the same recipe and seed ("honest_statistic", "honest_flagged": a false positive when
-    true). {} where the checks are not installed."""
-    try:
-        from privacylab.defenses.memorization import WEIGHT_CHECKS
-    except ImportError:
-        return {}
+    true)."""
+    from privacylab.defenses.memorization import WEIGHT_CHECKS
+
     out: dict[str, dict[str, Any]] = {}
     for name in WEIGHT_CHECKS.names():
         check = WEIGHT_CHECKS.get(name)()
@@ -540,11 +528,9 @@ def _requantized(
     honest: float,
 ) -> tuple[dict[str, Any] | None, Any]:
     """LSB only: the released model re-quantised by the defences' `requantize` (its default
-    mantissa), decoded again, with its accuracy. (None, None) where it is not installed."""
-    try:
-        from privacylab.defenses.memorization import requantize
-    except ImportError:
-        return None, None
+    mantissa), decoded again, with its accuracy."""
+    from privacylab.defenses.memorization import requantize
+
     sanitized = requantize(released)
     accuracy = _accuracy(sanitized, test)
     again = _decode(prepared, config, sanitized, secret, train, accuracy, honest)
@@ -567,26 +553,18 @@ def _query_check(
     test: Dataset,
     clean: float,
     honest: float,
+    queries: torch.Tensor,
 ) -> dict[str, Any] | None:
     """Capacity abuse only: the query anomaly detector fitted on the holder's training inputs
     (threshold at its FPR on the held-out rows) flags the decoder's queries, and the test rows
-    (clean rows it never saw: its false-positive rate); then the decoder runs again through
-    the detector's blocking monitor. None where the detector is not installed or
-    no rows are held out."""
-    try:
-        from privacylab.defenses.memorization import QueryAnomalyDetector
-    except ImportError:
-        return None
+    (clean rows it never saw: its false-positive rate) — `queries` are the decoder's, recorded
+    on the job's own decode; then the decoder runs again through the detector's blocking
+    monitor. None where no rows are held out."""
+    from privacylab.defenses.memorization import QueryAnomalyDetector
+
     if len(holdout) < 2:
         return None
     detector = QueryAnomalyDetector().fit(train.features, holdout.features)
-    seen: list[torch.Tensor] = []
-
-    def record(x: torch.Tensor) -> None:
-        seen.append(x.detach().cpu())
-
-    _decode(prepared, config, released, secret, train, clean, honest, monitor=record)
-    queries = torch.cat(seen) if seen else torch.zeros(0, *prepared.data.input_shape)
     flags = np.asarray(detector.flags(queries)) if len(queries) else np.zeros(0, bool)
     clean_flags = np.asarray(detector.flags(test.features))
     threshold = float(detector.threshold)
@@ -656,11 +634,8 @@ def _label(config: MemorizationConfig, layout: Any) -> str:
 
 
 def _add_to_report(folder: Path, entry: dict[str, Any], progress: Progress | None) -> None:
-    try:
-        from privacylab.report.memorization import add_memorization_run
-    except ImportError:
-        tick(progress, "report (not available in this installation)", 1, 1)
-        return
+    from privacylab.report.memorization import add_memorization_run
+
     tick(progress, "report", 0, 1)
     add_memorization_run(folder, {"attack": entry})
     tick(progress, "report", 1, 1)
@@ -725,7 +700,12 @@ def run_memorization_job(
     tick(progress, "decode", 0, 1)
     clean = _accuracy(released, test)
     honest = _accuracy(honest_model, test)
-    outcome = _decode(prepared, config, released, secret, train, clean, honest)
+    seen: list[torch.Tensor] = []
+    label_only = prepared.attack.threat_model.access.value == "label"
+    outcome = _decode(
+        prepared, config, released, secret, train, clean, honest,
+        monitor=(lambda x: seen.append(x.detach().cpu())) if label_only else None,
+    )  # fmt: skip
     tick(progress, "decode", 1, 1)
     tick(progress, "checks", 0, 1)
     checks = weight_checks(released, honest_model, train)
@@ -733,9 +713,10 @@ def run_memorization_job(
     if config.method == "lsb":
         requantized, again = _requantized(prepared, config, released, secret, train, test, honest)
     detector = None
-    if prepared.attack.threat_model.access.value == "label":
+    if label_only:
+        queries = torch.cat(seen) if seen else torch.zeros(0, *prepared.data.input_shape)
         detector = _query_check(
-            prepared, config, released, secret, train, holdout, test, clean, honest
+            prepared, config, released, secret, train, holdout, test, clean, honest, queries
         )
     tick(progress, "checks", 1, 1)
     result = {

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import numpy as np
+
 MISSING = "—"
 
 FILE_MODE = 0o666
@@ -193,3 +195,21 @@ def sortable_table(
         + "\n".join(body)
         + "\n</tbody>\n</table>"
     )
+
+
+def check_image(value: Any, where: str, error: type[Exception], max_side: int = 512) -> np.ndarray:
+    """`value` as a finite float image, (H, W) or (C, H, W) with C = 1 or 3 and sides up to
+    `max_side`, else one `error` line naming `where` (the payload key it came from)."""
+    try:
+        arr = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise error(f"{where} must be an array of numbers") from None
+    if arr.ndim == 3 and arr.shape[0] not in (1, 3):
+        raise error(f"{where} must be (H, W) or (C, H, W) with C = 1 or 3, got shape {arr.shape}")
+    if arr.ndim not in (2, 3) or arr.size == 0 or max(arr.shape) > max_side:
+        raise error(
+            f"{where} must be (H, W) or (C, H, W) with sides <= {max_side}, got shape {arr.shape}"
+        )
+    if not np.isfinite(arr).all():
+        raise error(f"{where} holds NaN or infinite values")
+    return arr

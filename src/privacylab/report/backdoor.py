@@ -47,7 +47,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from privacylab.errors import PrivacylabError
-from privacylab.report._format import fmt, mappings, number, percent, safe_name
+from privacylab.report._format import check_image, fmt, mappings, number, percent, safe_name
 from privacylab.report._merge import check_tables, locked, read_results, same_folder
 from privacylab.report.html import write_report
 from privacylab.report.jsonable import json_ready
@@ -240,24 +240,6 @@ def verdict(block: Mapping[str, Any]) -> str:
     return "; ".join(parts) + "." if parts else "No backdoor run yet."
 
 
-def _image(value: Any, where: str) -> np.ndarray:
-    try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise BackdoorReportError(f"{where} must be an array of numbers") from None
-    if arr.ndim == 3 and arr.shape[0] not in (1, 3):
-        raise BackdoorReportError(
-            f"{where} must be (H, W) or (C, H, W) with C = 1 or 3, got shape {arr.shape}"
-        )
-    if arr.ndim not in (2, 3) or arr.size == 0 or max(arr.shape) > MAX_SIDE:
-        raise BackdoorReportError(
-            f"{where} must be (H, W) or (C, H, W) with sides <= {MAX_SIDE}, got shape {arr.shape}"
-        )
-    if not np.isfinite(arr).all():
-        raise BackdoorReportError(f"{where} holds NaN or infinite values")
-    return arr
-
-
 def _scale(arr: np.ndarray) -> int:
     side = max(arr.shape[-2:])
     return max(1, round(DISPLAY_PIXELS / side))
@@ -312,7 +294,7 @@ def nc_masks(details: Mapping[str, Any]) -> list[tuple[int, np.ndarray]]:
             value = value.get("mask")
         if value is None:
             continue
-        arr = _image(value, f"details['triggers'][{k}]")
+        arr = check_image(value, f"details['triggers'][{k}]", BackdoorReportError, MAX_SIDE)
         out.append((k, arr.mean(axis=0) if arr.ndim == 3 else arr))
     return out
 
@@ -598,10 +580,14 @@ def _learned_trigger(entry: Mapping[str, Any]) -> np.ndarray | None:
     trigger = entry.get("trigger")
     if not isinstance(trigger, Mapping) or trigger.get("pattern") is None:
         return None
-    pattern = _image(trigger["pattern"], "payload['attack']['trigger']['pattern']")
+    pattern = check_image(
+        trigger["pattern"], "payload['attack']['trigger']['pattern']", BackdoorReportError, MAX_SIDE
+    )
     if trigger.get("mask") is None:
         return pattern
-    mask = _image(trigger["mask"], "payload['attack']['trigger']['mask']")
+    mask = check_image(
+        trigger["mask"], "payload['attack']['trigger']['mask']", BackdoorReportError, MAX_SIDE
+    )
     try:
         return np.clip(pattern * mask, 0.0, 1.0)
     except ValueError:
@@ -621,7 +607,9 @@ def _attack_files(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, byte
         if isinstance(value, str) and safe_name(value):
             names[key] = value
         elif value is not None:
-            arrays[key] = _image(value, f"payload['attack']['images'][{key!r}]")
+            arrays[key] = check_image(
+                value, f"payload['attack']['images'][{key!r}]", BackdoorReportError, MAX_SIDE
+            )
     if "trigger" not in arrays and "trigger" not in names:
         learned = _learned_trigger(entry)
         if learned is not None:
@@ -640,7 +628,9 @@ def _attack_files(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, byte
                 "payload['attack']['images']['inverted'] must be a list of images"
             )
         images = [
-            _image(x, f"payload['attack']['images']['inverted'][{i}]")
+            check_image(
+                x, f"payload['attack']['images']['inverted'][{i}]", BackdoorReportError, MAX_SIDE
+            )
             for i, x in enumerate(inverted[:MAX_INVERTED])
         ]
         if images:
@@ -696,7 +686,9 @@ def _defense_files(entry: dict[str, Any]) -> tuple[dict[str, Any], dict[str, byt
         pattern = details.get("flagged_pattern")
         where = [i for i, (k, _) in enumerate(masks) if k == flagged]
         if isinstance(pattern, list) and where:
-            picture = _image(pattern, "details['flagged_pattern']")
+            picture = check_image(
+                pattern, "details['flagged_pattern']", BackdoorReportError, MAX_SIDE
+            )
             mask = masks[where[0]][1]
             if picture.shape[-2:] == mask.shape:
                 drawn = np.clip(picture * mask, 0.0, 1.0)

@@ -35,7 +35,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from privacylab.errors import PrivacylabError
-from privacylab.report._format import fmt, mappings, number, percent
+from privacylab.report._format import check_image, fmt, mappings, number, percent
 from privacylab.report._merge import check_tables, locked, read_results, same_folder
 from privacylab.report.backdoor import slug
 from privacylab.report.html import write_report
@@ -143,24 +143,6 @@ def verdict(block: Mapping[str, Any]) -> str:
     return line + "."
 
 
-def _image(value: Any, where: str) -> np.ndarray:
-    try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError):
-        raise MemorizationReportError(f"{where} must be an array of numbers") from None
-    if arr.ndim == 3 and arr.shape[0] not in (1, 3):
-        raise MemorizationReportError(
-            f"{where} must be (H, W) or (C, H, W) with C = 1 or 3, got shape {arr.shape}"
-        )
-    if arr.ndim not in (2, 3) or arr.size == 0 or max(arr.shape) > MAX_SIDE:
-        raise MemorizationReportError(
-            f"{where} must be (H, W) or (C, H, W) with sides <= {MAX_SIDE}, got shape {arr.shape}"
-        )
-    if not np.isfinite(arr).all():
-        raise MemorizationReportError(f"{where} holds NaN or infinite values")
-    return arr
-
-
 def _image_rows(raw: Mapping[str, Any]) -> dict[str, list[np.ndarray]]:
     rows: dict[str, list[np.ndarray]] = {}
     counts: dict[str, int] = {}
@@ -174,7 +156,9 @@ def _image_rows(raw: Mapping[str, Any]) -> dict[str, list[np.ndarray]]:
             )
         counts[key] = len(value)
         rows[key] = [
-            _image(x, f"payload['attack']['images'][{key!r}][{i}]")
+            check_image(
+                x, f"payload['attack']['images'][{key!r}][{i}]", MemorizationReportError, MAX_SIDE
+            )
             for i, x in enumerate(value[:MAX_IMAGES])
         ]
     if rows and ("original" not in rows or "decoded" not in rows):

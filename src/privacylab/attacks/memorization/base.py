@@ -29,7 +29,6 @@ binary symmetric channel the decoding is, 1 - h(bit error)).
 from __future__ import annotations
 
 import math
-import time
 from abc import abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -496,9 +495,7 @@ def run_memorization(
     that a coarse secret (4-bit pixels) decoded exactly is nearest to its own row."""
     if task.layout != secret.layout:
         raise MemorizationError("the task's layout is not the secret's")
-    start = time.perf_counter()
     execution = execute(attack, target, task)
-    seconds = time.perf_counter() - start
     decoded = execution.output
     layout = secret.layout
     values = np.asarray(decoded.values)
@@ -546,7 +543,7 @@ def run_memorization(
         recovered_bits=information,
         bits_per_parameter=information / params if params else None,
         bits_per_query=information / execution.queries if execution.queries else None,
-        seconds=seconds,
+        seconds=execution.seconds,
         options=attack.to_dict(),
         decoded=recovered_data,
         original=original,
