@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from privacylab.data import Dataset
+from privacylab.defenses.backdoor.base import predicted_labels
 from privacylab.defenses.memorization.base import (
     MemorizationDefenseError,
     positive_number,
@@ -143,33 +144,16 @@ def add_weight_noise(
     return out
 
 
-def _predictions(model: nn.Module, test: Dataset, chunk: int = 4096) -> torch.Tensor:
-    """`model`'s labels of the test rows, in evaluation mode (then restored), on the CPU."""
-    first = next(model.parameters(), None)
-    device = first.device if first is not None else torch.device("cpu")
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            return torch.cat(
-                [
-                    model(test.features[i : i + chunk].to(device)).argmax(1).cpu()
-                    for i in range(0, len(test), chunk)
-                ]
-            )
-    finally:
-        model.train(was)
-
-
 def sanitize_cost(model: nn.Module, sanitized: nn.Module, test: Dataset) -> dict[str, Any]:
     """Test accuracy of `model` and of its `sanitized` copy, and the share of test rows whose
     predicted label is unchanged (`agreement`); both models are left in the mode they were in."""
     if len(test) == 0:
         raise MemorizationDefenseError("sanitize_cost: the test set is empty")
-    before, after = _predictions(model, test), _predictions(sanitized, test)
-    labels = test.labels.cpu()
+    before = predicted_labels(model, test.features, 4096)
+    after = predicted_labels(sanitized, test.features, 4096)
+    labels = test.labels.cpu().numpy()
     return {
-        "accuracy_before": float((before == labels).float().mean()),
-        "accuracy_after": float((after == labels).float().mean()),
-        "agreement": float((before == after).float().mean()),
+        "accuracy_before": float(np.mean(before == labels)),
+        "accuracy_after": float(np.mean(after == labels)),
+        "agreement": float(np.mean(before == after)),
     }
